@@ -1,0 +1,105 @@
+"""Shared fixtures: a tiny Llama-architecture model built locally, and every experiment's train.py.
+
+Nothing is downloaded. The tokenizer is character-level (plus the tags as single tokens) and has a
+chat template, so prompts are formatted the way an instruct model's would be.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXPERIMENTS = sorted(p.parent.name for p in ROOT.glob("experiment_*/train.py"))
+TAGS = ["<think>", "</think>", "<answer>", "</answer>"]
+CHARS = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,:;!?+-*/=()<>_'\"\n")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def build_tiny_model(folder, seed=0):
+    """Save a 2-layer Llama (hidden 64) and its tokenizer to folder; returns folder."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    special = ["<pad>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>"]
+    vocab = {token: i for i, token in enumerate(special + TAGS)}
+    for char in CHARS:
+        vocab.setdefault(char, len(vocab))
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="?"))
+    backend.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")  # one token per character
+    backend.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                        additional_special_tokens=special[3:])
+    tokenizer.add_tokens(TAGS)  # ordinary tokens: decoding keeps them
+    tokenizer.chat_template = CHAT_TEMPLATE
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False, initializer_range=0.3)
+    torch.manual_seed(seed)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return Path(folder)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
+
+
+def load_experiment(name):
+    """Import experiment_<name>/train.py by path, as its own module."""
+    spec = importlib.util.spec_from_file_location(f"{name}_train", ROOT / name / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(params=EXPERIMENTS)
+def experiment(request):
+    return load_experiment(request.param)
+
+
+@pytest.fixture
+def tiny(experiment, tiny_model_dir):
+    """(module, model, tokenizer): the tiny model loaded by the experiment's own load_model, in float32."""
+    args = experiment.parse_args(["--model-name", str(tiny_model_dir), "--device", "cpu", "--quantization", "none",
+                                  "--dtype", "float32", "--lora-r", "8"])
+    model, tokenizer = experiment.load_model(args)
+    return experiment, model, tokenizer
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def run_script(script, *args, timeout=600, cwd=ROOT):
+    """Run a script in a fresh interpreter; returns the CompletedProcess (stdout and stderr captured)."""
+    return subprocess.run([sys.executable, str(script), *map(str, args)], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def tensorboard_scalars(log_dir):
+    """{tag: [(step, value), ...]} from every event file under log_dir."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    scalars = {}
+    for events in sorted(Path(log_dir).rglob("events.out.tfevents.*")):
+        accumulator = EventAccumulator(str(events), size_guidance={"scalars": 0, "tensors": 0})
+        accumulator.Reload()
+        for tag in accumulator.Tags()["scalars"]:
+            scalars.setdefault(tag, []).extend((e.step, e.value) for e in accumulator.Scalars(tag))
+    return scalars

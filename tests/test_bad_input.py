@@ -1,0 +1,77 @@
+"""Bad input gets one clear line naming what is wrong and where, before any model is loaded."""
+
+import pytest
+
+from conftest import write_jsonl
+
+
+def fails_with(experiment, argv, capsys):
+    """Run main, expect it to stop; returns everything it said."""
+    with pytest.raises(SystemExit) as stop:
+        experiment.main([str(a) for a in argv])
+    code = stop.value.code
+    assert code not in (0, None)
+    return (code if isinstance(code, str) else "") + capsys.readouterr().err
+
+
+def data_args(path):
+    return ["--device", "cpu", "--model-name", "unused", "--data-path", path, "--eval-interval", "0"]
+
+
+def test_malformed_jsonl_line(experiment, tmp_path, capsys):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"question": "1+1", "answer": "2"}\n\n{"question": "2+2", "answer": \n')
+    message = fails_with(experiment, data_args(path), capsys)
+    assert f"{path}:3: not valid JSON" in message
+
+
+def test_missing_field_names_file_line_and_option(experiment, tmp_path, capsys):
+    path = write_jsonl(tmp_path / "tasks.jsonl", [{"question": "1+1", "answer": "2"}, {"question": "2+2", "solution": "4"}])
+    message = fails_with(experiment, data_args(path), capsys)
+    assert f"{path}:2: no field 'answer' (--answer-key)" in message and "solution" in message
+
+
+def test_other_field_names_map_with_keys(experiment, tmp_path):
+    path = write_jsonl(tmp_path / "tasks.jsonl", [{"src": "1+1", "tgt": 2}])
+    assert experiment.load_tasks(path, "src", "tgt") == [{"question": "1+1", "answer": "2"}]
+
+
+def test_empty_after_filters(experiment, tmp_path, capsys):
+    path = write_jsonl(tmp_path / "tasks.jsonl", [{"question": "1+1", "answer": "2", "num_terms": 2}])
+    message = fails_with(experiment, data_args(path) + ["--filter", "num_terms=3,4"], capsys)
+    assert f"{path}: no tasks after --filter num_terms=3,4" in message
+    assert experiment.load_tasks(path, filters=["num_terms=2"]) == [{"question": "1+1", "answer": "2"}]
+
+
+def test_filter_on_a_field_the_data_lacks(experiment, tmp_path, capsys):
+    path = write_jsonl(tmp_path / "tasks.jsonl", [{"question": "1+1", "answer": "2"}])
+    assert "--filter level=...: the line has no field 'level'" in fails_with(experiment, data_args(path) + ["--filter", "level=1"], capsys)
+
+
+def test_missing_data_file(experiment, tmp_path, capsys):
+    assert f"{tmp_path / 'nope.jsonl'}: no such file" in fails_with(experiment, data_args(tmp_path / "nope.jsonl"), capsys)
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--group-size", "1"], "--group-size must be at least 2, got 1 (GRPO compares completions within a group)"),
+    (["--quantization", "3bit"], "argument --quantization: invalid choice: '3bit'"),
+    (["--device", "tpu"], "--device: expected auto, cuda, cuda:N or cpu, got 'tpu'"),
+    (["--top-p", "1.5"], "--top-p must be in (0, 1], got 1.5"),
+    (["--no-lora", "--quantization", "4bit"], "--no-lora trains every weight"),
+    (["--filter", "num_terms"], "--filter expects FIELD=V1,V2, got 'num_terms'"),
+    (["--max-steps", "0"], "--max-steps must be at least 1, got 0"),
+])
+def test_bad_option_values(experiment, capsys, argv, expected):
+    assert expected in fails_with(experiment, argv, capsys)
+
+
+def test_resume_from_nothing(experiment, tmp_path, capsys):
+    path = write_jsonl(tmp_path / "tasks.jsonl", [{"question": "1+1", "answer": "2"}])
+    message = fails_with(experiment, data_args(path) + ["--resume", tmp_path], capsys)
+    assert f"--resume {tmp_path}: no checkpoint there" in message
+
+
+def test_unloadable_model(experiment, tmp_path, capsys):
+    path = write_jsonl(tmp_path / "tasks.jsonl", [{"question": "1+1", "answer": "2"}])
+    argv = data_args(path) + ["--model-name", "no-such-owner/no-such-model"]
+    assert "--model-name no-such-owner/no-such-model: cannot load it" in fails_with(experiment, argv, capsys)

@@ -1,0 +1,109 @@
+"""Each train.py as a user runs it: a fresh process, the tiny model in 4-bit on CPU."""
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import EXPERIMENTS, ROOT, run_script, tensorboard_scalars, write_jsonl
+from test_learning import seven_reward
+
+LOGGED = {
+    "rollout/reward_mean", "rollout/reward_std", "rollout/reward_min", "rollout/reward_max", "rollout/format_rate",
+    "rollout/accuracy", "rollout/completion_length", "rollout/zero_spread_groups", "train/loss", "train/kl",
+    "train/grad_norm", "train/lr", "train/entropy", "train/clip_fraction", "perf/step_seconds",
+    "perf/tokens_per_second", "perf/memory_gb", "eval/accuracy", "eval/format_rate",
+}
+
+
+@pytest.fixture
+def tasks(tmp_path):
+    rows = [{"question": f"What is {i} + {i + 1}?", "answer": str(2 * i + 1)} for i in range(20)]
+    return write_jsonl(tmp_path / "tasks.jsonl", rows)
+
+
+def tiny_args(model_dir, tasks, tmp_path, *extra):
+    return ["--model-name", model_dir, "--device", "cpu", "--quantization", "4bit", "--dtype", "float32",
+            "--data-path", tasks, "--eval-data-path", tasks, "--eval-prompts", "4", "--group-size", "4",
+            "--rollouts-per-step", "2", "--max-length", "12", "--lr", "1e-2", "--run-name", "e2e",
+            "--log-dir", tmp_path / "runs", "--checkpoint-path", tmp_path / "out", *extra]
+
+
+def adapter(tmp_path, step):
+    return load_file(tmp_path / "out" / "e2e" / f"step_{step:06d}" / "adapter_model.safetensors")
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_two_steps_then_resume(name, tiny_model_dir, tasks, tmp_path):
+    script = ROOT / name / "train.py"
+    first = run_script(script, *tiny_args(tiny_model_dir, tasks, tmp_path, "--max-steps", "2", "--eval-interval", "1",
+                                          "--log-completions-interval", "1"))
+    assert first.returncode == 0, first.stderr[-3000:]
+    scalars = tensorboard_scalars(tmp_path / "runs" / "e2e")
+    assert LOGGED <= set(scalars), f"missing tags: {LOGGED - set(scalars)}"
+    assert sorted(step for step, _ in scalars["train/loss"]) == [1, 2]
+    assert sorted(step for step, _ in scalars["eval/accuracy"]) == [0, 1, 2]  # before training, then every step
+    checkpoint = tmp_path / "out" / "e2e" / "step_000002"
+    assert (checkpoint / "adapter_model.safetensors").is_file() and (checkpoint / "training_state.pt").is_file()
+    assert not list((tmp_path / "out" / "e2e").glob("*.partial"))
+
+    resumed = run_script(script, *tiny_args(tiny_model_dir, tasks, tmp_path, "--max-steps", "3", "--eval-interval", "0",
+                                            "--resume", tmp_path / "out" / "e2e"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stdout and "at step 2" in resumed.stdout
+    scalars = tensorboard_scalars(tmp_path / "runs" / "e2e")
+    assert sorted(step for step, _ in scalars["train/loss"]) == [1, 2, 3]
+    state = torch.load(tmp_path / "out" / "e2e" / "step_000003" / "training_state.pt", weights_only=False)
+    assert state["step"] == 3 and state["data_position"] == [0, 6]  # 3 steps x 2 prompts into the first pass
+
+
+def test_resume_reproduces_an_uninterrupted_run(experiment, tiny_model_dir, tasks, tmp_path, monkeypatch):
+    """4 steps in one go and 2 + 2 with a resume in between end with the same weights: the checkpoint
+    holds everything that matters (weights, optimizer, RNG, data position)."""
+    monkeypatch.setattr(experiment, "compute_reward", seven_reward)  # a reward that varies, so weights move
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    common = ["--max-steps", "4", "--eval-interval", "0", "--checkpoint-interval", "2", "--keep-checkpoints", "0"]
+    experiment.main(list(map(str, tiny_args(tiny_model_dir, tasks, straight, *common))))
+    experiment.main(list(map(str, tiny_args(tiny_model_dir, tasks, split, *common[:1], "2", *common[2:]))))
+    experiment.main(list(map(str, tiny_args(tiny_model_dir, tasks, split, *common, "--resume", split / "out" / "e2e"))))
+    a, b = adapter(straight, 4), adapter(split, 4)
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], adapter(straight, 2)[k]) for k in a)  # and training did change them
+
+
+def test_ctrl_c_saves_a_checkpoint(tiny_model_dir, tasks, tmp_path):
+    script = ROOT / "experiment_base" / "train.py"
+    args = tiny_args(tiny_model_dir, tasks, tmp_path, "--max-steps", "100000", "--eval-interval", "0",
+                     "--checkpoint-interval", "0")  # no periodic checkpoints: only Ctrl-C can write one
+    process = subprocess.Popen([sys.executable, str(script), *map(str, args)], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and len(tensorboard_scalars(tmp_path / "runs").get("train/loss", [])) < 2:
+        time.sleep(0.5)
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr[-3000:]
+    steps = sorted((tmp_path / "out" / "e2e").glob("step_*[0-9]"))
+    assert len(steps) == 1 and int(steps[0].name.split("_")[1]) >= 2
+    assert "interrupted: saving step" in stderr
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_help_lists_every_option_with_its_default(name):
+    result = run_script(ROOT / name / "train.py", "--help")
+    assert result.returncode == 0
+    text = " ".join(result.stdout.split())
+    for option in ["--model-name", "--data-path", "--max-prompts", "--group-size", "--rollouts-per-step",
+                   "--train-batch-size", "--epochs-per-step", "--lr", "--kl-weight", "--clip-eps", "--temperature",
+                   "--top-p", "--max-length", "--max-steps", "--seed", "--device", "--quantization", "--no-lora",
+                   "--lora-r", "--lora-alpha", "--checkpoint-path", "--checkpoint-interval", "--resume",
+                   "--eval-interval", "--eval-prompts", "--log-dir", "--run-name", "--wandb", "--wandb-project",
+                   "--log-completions-interval"]:
+        assert option in text, option
+    for default in ["(default: 16 on CUDA, 4 on CPU)", "(default: runs)", "(default: 0.2)", "(default: 42)"]:
+        assert default in text, default

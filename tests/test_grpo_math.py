@@ -1,0 +1,193 @@
+"""The algorithm's pieces against values computed by hand, for every experiment's train.py."""
+
+import math
+
+import pytest
+import torch
+
+
+def test_group_advantages_by_hand(experiment):
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.5, 0.5, 0.5, 0.5], [3.0, 0.0, 0.0, 0.0]])
+    advantages = experiment.group_advantages(rewards)
+    # group 1: mean 0.5, sample std sqrt((4 * 0.25) / 3)
+    a = 0.5 / (math.sqrt(1 / 3) + 1e-4)
+    # group 3: mean 0.75, sample std sqrt((2.25^2 + 3 * 0.75^2) / 3) = 1.5
+    b = 2.25 / (1.5 + 1e-4)
+    c = -0.75 / (1.5 + 1e-4)
+    expected = torch.tensor([[a, -a, -a, a], [0.0, 0.0, 0.0, 0.0], [b, c, c, c]])
+    assert torch.allclose(advantages, expected, atol=1e-6)
+
+
+def test_k3_kl_by_hand(experiment):
+    log_probs = torch.log(torch.tensor([[0.5, 0.5, 0.2]]))
+    ref_log_probs = torch.log(torch.tensor([[0.25, 0.5, 0.9]]))
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    kl = experiment.approx_kl(log_probs, ref_log_probs, mask)
+    # exp(r - l) - (r - l) - 1 with r - l = log(0.5): 0.5 - log(0.5) - 1; equal policies give 0; masked gives 0
+    assert torch.allclose(kl, torch.tensor([[0.5 - math.log(0.5) - 1, 0.0, 0.0]]), atol=1e-6)
+
+
+def test_k3_kl_is_finite_where_masked(experiment):
+    """A masked position may hold any log-prob; it must not turn the KL into inf or nan."""
+    kl = experiment.approx_kl(torch.tensor([[-1.0, -200.0]]), torch.tensor([[-1.0, 0.0]]), torch.tensor([[1.0, 0.0]]))
+    assert torch.isfinite(kl).all() and kl.sum() == 0
+
+
+def test_clipped_loss_by_hand(experiment):
+    # token ratios rho = exp(logp - old): 1.5 and 0.5 for a positive and for a negative advantage
+    old = torch.zeros(2, 3)
+    log_probs = torch.log(torch.tensor([[1.5, 0.5, 1.0], [0.5, 1.5, 1.0]])).requires_grad_()
+    advantages = torch.tensor([1.0, -1.0])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    loss, stats = experiment.grpo_loss(log_probs, old, advantages, mask, clip_eps=0.2)
+    # A = +1: rho 1.5 -> min(1.5, 1.2) = 1.2 (clipped); rho 0.5 -> min(0.5, 0.8) = 0.5
+    # A = -1: rho 0.5 -> min(-0.5, -0.8) = -0.8 (clipped); rho 1.5 -> min(-1.5, -1.2) = -1.5; rho 1 -> -1
+    seq1 = -(1.2 + 0.5) / 2
+    seq2 = (0.8 + 1.5 + 1.0) / 3
+    assert loss.item() == pytest.approx((seq1 + seq2) / 2, abs=1e-6)
+    assert stats["clip_fraction"] == pytest.approx(2 / 5)
+    loss.backward()
+    grad = log_probs.grad
+    # clipped tokens pass no gradient; the others pass -A * rho / len / num_sequences
+    assert grad[0, 0] == 0 and grad[1, 0] == 0 and grad[0, 2] == 0
+    assert grad[0, 1].item() == pytest.approx(-0.5 / 2 / 2, abs=1e-6)
+    assert grad[1, 1].item() == pytest.approx(1.5 / 3 / 2, abs=1e-6)
+
+
+def test_loss_with_kl_term_by_hand(experiment):
+    log_probs = torch.log(torch.tensor([[0.5, 0.5]]))
+    ref = torch.log(torch.tensor([[0.25, 0.5]]))
+    loss, stats = experiment.grpo_loss(log_probs, log_probs.detach(), torch.tensor([2.0]), torch.ones(1, 2), clip_eps=0.2,
+                                       ref_log_probs=ref, kl_weight=0.1)
+    kl = 0.5 - math.log(0.5) - 1
+    # ratio 1 everywhere: per token -A + beta * KL; mean over the 2 tokens
+    assert loss.item() == pytest.approx((-2.0 + 0.1 * kl - 2.0) / 2, abs=1e-6)
+    assert stats["kl"] == pytest.approx(kl / 2, abs=1e-6)
+
+
+def naive_log_probs(model, ids, mask, num_actions):
+    """The textbook computation: full [batch, tokens, vocab] float32 log-softmax."""
+    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids).logits.float()
+    log_probs = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    return log_probs[:, -num_actions:] * mask[:, -num_actions:]
+
+
+@pytest.mark.parametrize("chunk_elements", [2**24, 50])  # one chunk, and many
+def test_log_probs_equal_naive_log_softmax(tiny, monkeypatch, chunk_elements):
+    experiment, model, tokenizer = tiny
+    monkeypatch.setattr(experiment, "LOGITS_CHUNK_ELEMENTS", chunk_elements)
+    model.train()
+    prompts = tokenizer(["What is 1+1?", "Hi"], return_tensors="pt", padding=True)  # left-padded
+    completion = tokenizer(["<answer>2</answer>", "no</s>"], return_tensors="pt", padding=True, padding_side="right")
+    ids = torch.cat([prompts.input_ids, completion.input_ids], 1)
+    mask = torch.cat([prompts.attention_mask, completion.attention_mask], 1)
+    num_actions = completion.input_ids.shape[1]
+
+    log_probs, entropy = experiment.sequence_log_probs(model, ids, mask, num_actions)
+    expected = naive_log_probs(model, ids, mask, num_actions)
+    assert torch.allclose(log_probs, expected, atol=1e-5)
+    assert (entropy >= 0).all() and (entropy[completion.attention_mask == 0] == 0).all()
+
+    # gradients agree too (the chunks are recomputed in the backward pass)
+    params = [p for p in model.parameters() if p.requires_grad]
+    ours = torch.autograd.grad(log_probs.sum(), params, allow_unused=True)
+    theirs = torch.autograd.grad(naive_log_probs(model, ids, mask, num_actions).sum(), params, allow_unused=True)
+    for a, b in zip(ours, theirs):
+        assert (a is None and b is None) or torch.allclose(a, b, atol=1e-5)
+
+
+def test_rewards(experiment):
+    reward = experiment.compute_reward
+    assert reward("<think>6*2</think> <answer>12.0</answer>", "12") == 1.0
+    assert reward("<think>sum</think><answer>1,234</answer>", "1234") == 1.0
+    assert reward("reasoning</think> <answer> -7 </answer>", "-7") == 1.0  # the plain template opens <think>
+    assert reward("<think>x</think><answer>13</answer>", "12") == pytest.approx(experiment.FORMAT_CREDIT)
+    # the format credit cannot be won with empty or non-numeric tags, nor without reasoning
+    assert reward("<think>x</think><answer> </answer>", "12") == 0.0
+    assert reward("<think>x</think><answer>twelve</answer>", "12") == 0.0
+    assert reward("<think></think><answer>13</answer>", "12") == 0.0
+    assert reward("the answer is 12", "12") == 0.0
+
+
+def test_sample_token_distribution(experiment):
+    torch.manual_seed(0)
+    probs = torch.tensor([0.1, 0.2, 0.0, 0.7])
+    logits = probs.log().expand(20000, 4)
+    counts = torch.bincount(experiment.sample_token(logits, 1.0, 1.0), minlength=4) / 20000
+    assert torch.allclose(counts, probs, atol=0.015) and counts[2] == 0
+    # top_p 0.75 keeps {0.7, 0.2}: renormalised to 7/9, 2/9
+    counts = torch.bincount(experiment.sample_token(logits, 1.0, 0.75), minlength=4) / 20000
+    assert torch.allclose(counts, torch.tensor([0.0, 2 / 9, 0.0, 7 / 9]), atol=0.015)
+    assert (experiment.sample_token(logits[:3], 0, 1.0) == 3).all()  # temperature 0: greedy
+
+
+def test_action_mask_stops_at_first_eos_and_stop_string(tiny, monkeypatch):
+    """Scripted token choices through the real model and sampling loop: the first EOS and the token that
+    completes </answer> are actions; what follows is padding, outside the action mask."""
+    experiment, model, tokenizer = tiny
+    t = tokenizer.convert_tokens_to_ids
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    script = torch.tensor([
+        [t("a"), t("b"), eos, t("c"), t("d")],           # ends at its first EOS
+        [t("a"), t("a"), t("a"), t("a"), t("a")],        # never ends: the whole budget
+        [eos, t("a"), eos, t("a"), t("a")],              # ends at once
+        [t("1"), t("</answer>"), t("x"), t("x"), t("x")],  # ends at the stop string
+    ])
+    steps = iter(script.t())
+    monkeypatch.setattr(experiment, "sample_token", lambda logits, temperature, top_p: next(steps).clone())
+    prompts = tokenizer(["Q1", "Q2"], return_tensors="pt", padding=True)
+    ids, actions = experiment.sample(model, tokenizer, prompts.input_ids, prompts.attention_mask, 2, 5, 1.0, 1.0)
+    assert actions.tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [1, 1, 0, 0, 0]]
+    assert ids.tolist() == [
+        [t("a"), t("b"), eos, pad, pad],
+        script[1].tolist(),
+        [eos, pad, pad, pad, pad],
+        [t("1"), t("</answer>"), pad, pad, pad],
+    ]
+
+
+def test_rollout_rows_are_grouped_and_masks_align(tiny):
+    experiment, model, tokenizer = tiny
+    torch.manual_seed(0)
+    model.eval()
+    result = experiment.rollout(model, tokenizer, ["What is 2+3?", "What is 4*4?"], ["5", "16"], group_size=3,
+                                max_length=6, generation_batch_size=3)  # two generation batches, one prompt each
+    n, width = result.action_mask.shape
+    assert n == 6 and result.rewards.shape == (6,) and len(result.completions) == 6
+    assert torch.equal(result.attention_mask[:, -width:], result.action_mask)
+    prompt_width = result.sequence_ids.shape[1] - width
+    first = tokenizer.decode(result.sequence_ids[0, :prompt_width], skip_special_tokens=True)
+    fourth = tokenizer.decode(result.sequence_ids[3, :prompt_width], skip_special_tokens=True)
+    assert "2+3" in first and "4*4" in fourth  # rows i*G .. i*G+G-1 belong to prompt i
+    for row in range(n):  # an action mask is a prefix: ones, then zeros
+        mask = result.action_mask[row].tolist()
+        assert mask == sorted(mask, reverse=True) and mask[0] == 1
+        assert result.completions[row] == tokenizer.decode(result.sequence_ids[row, prompt_width:][result.action_mask[row].bool()], skip_special_tokens=True)
+
+
+def test_4bit_gradients_survive_an_eval_forward(experiment, tiny_model_dir):
+    """Regression: bitsandbytes repacks 4-bit weights on CPU at the first eval-mode forward and then
+    loses the input gradient. Each rollout is an eval-mode forward, so training would silently break."""
+    args = experiment.parse_args(["--model-name", str(tiny_model_dir), "--device", "cpu", "--quantization", "4bit",
+                                  "--dtype", "float32"])
+    torch.manual_seed(0)
+    model, tokenizer = experiment.load_model(args)
+    batch = tokenizer(["12+34=46", "9*9=81xx"], return_tensors="pt", padding=True)
+
+    def lora_gradients():
+        model.zero_grad()
+        model.train()
+        log_probs, _ = experiment.sequence_log_probs(model, batch.input_ids, batch.attention_mask, 5)
+        log_probs.sum().backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad and p.grad is not None}
+
+    before = lora_gradients()
+    model.eval()
+    with torch.no_grad():
+        model(**batch)
+    after = lora_gradients()
+    first_layer = [n for n in before if "layers.0." in n and "lora_B" in n]
+    assert first_layer and all(before[n].abs().sum() > 0 for n in first_layer)
+    for name in before:
+        assert torch.allclose(before[name], after[name], atol=1e-6), name
