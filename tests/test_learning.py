@@ -5,14 +5,15 @@ import pytest
 from conftest import tensorboard_scalars, write_jsonl
 
 
-def seven_reward(completion, answer):
-    """The fraction of the completion's characters that are '7': about 1% for the untrained model."""
-    return completion.count("7") / max(1, len(completion))
+def seven_reward(completion, answer, *args, **kwargs):
+    """Reward terms whose correctness is the fraction of the completion's characters that are '7': about 1%
+    for the untrained model."""
+    return {"correctness": completion.count("7") / max(1, len(completion)), "format": 0.0, "reasoning": 0.0}
 
 
 @pytest.mark.parametrize("quantization", ["4bit", "none"])
 def test_grpo_raises_reward(experiment, tiny_model_dir, tmp_path, monkeypatch, quantization):
-    monkeypatch.setattr(experiment, "compute_reward", seven_reward)
+    monkeypatch.setattr(experiment, "reward_terms", seven_reward)
     data = write_jsonl(tmp_path / "tasks.jsonl", [{"question": f"Say something {i}", "answer": "7"} for i in range(64)])
     experiment.main([
         "--model-name", str(tiny_model_dir), "--device", "cpu", "--quantization", quantization, "--dtype", "float32",

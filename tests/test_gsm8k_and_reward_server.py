@@ -1,0 +1,295 @@
+"""data/prepare_gsm8k.py on small GSM8K-format files written here, and data/reward_server.py over real HTTP."""
+
+import importlib.util
+import json
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pyarrow
+import pyarrow.parquet
+import pytest
+
+from conftest import ROOT, run_script
+
+PREPARE = ROOT / "data" / "prepare_gsm8k.py"
+SERVER = ROOT / "data" / "reward_server.py"
+
+# GSM8K's format: worked solution, calculator notes in <<...>>, then "#### final answer"
+GSM8K_ROWS = [
+    {"question": "Natalia sold clips to 48 friends in April and half as many in May. How many in all?",
+     "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nShe sold 48+24 = <<48+24=72>>72 clips.\n#### 72"},
+    {"question": "A farm has 400 cows that give 3 litres each. How many litres?",
+     "answer": "400 * 3 = <<400*3=1200>>1200 litres.\n#### 1,200"},
+    {"question": "The temperature was 3 degrees and fell by 8. What is it now?",
+     "answer": "3 - 8 = <<3-8=-5>>-5\n#### -5"},
+    {"question": "Half of 5 apples?", "answer": "5 / 2 = <<5/2=2.5>>2.5\n#### 2.5"},
+    {"question": "  How many seconds are in 14 days and a bit?  ",
+     "answer": "Many.\n####    1,234,567   "},
+]
+EXPECTED = [
+    {"question": GSM8K_ROWS[0]["question"], "answer": "72",
+     "solution": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nShe sold 48+24 = <<48+24=72>>72 clips."},
+    {"question": GSM8K_ROWS[1]["question"], "answer": "1200", "solution": "400 * 3 = <<400*3=1200>>1200 litres."},
+    {"question": GSM8K_ROWS[2]["question"], "answer": "-5", "solution": "3 - 8 = <<3-8=-5>>-5"},
+    {"question": GSM8K_ROWS[3]["question"], "answer": "2.5", "solution": "5 / 2 = <<5/2=2.5>>2.5"},
+    {"question": "How many seconds are in 14 days and a bit?", "answer": "1234567", "solution": "Many."},
+]
+TEST_ROWS = GSM8K_ROWS[1:3]  # the test split: a different, smaller set
+
+
+def load_module(path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_jsonl(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def write_parquet(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pyarrow.parquet.write_table(pyarrow.Table.from_pylist(rows), path)
+    return path
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def check_output(out_dir, result):
+    assert result.returncode == 0, result.stderr
+    assert read_jsonl(out_dir / "gsm8k_train.jsonl") == EXPECTED
+    assert read_jsonl(out_dir / "gsm8k_test.jsonl") == EXPECTED[1:3]
+    assert "wrote 5 training and 2 test rows" in result.stdout
+
+
+# ------------------------------------------------------------------------------------------------
+# data/prepare_gsm8k.py
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, final, solution", [
+    ("a\n#### 72", "72", "a"),
+    ("b\n#### 1,200", "1200", "b"),
+    ("c\n#### -5", "-5", "c"),
+    ("d\n#### 0.25", "0.25", "d"),
+    ("e\n####   3,000,000  \n", "3000000", "e"),
+])
+def test_split_answer(text, final, solution):
+    assert load_module(PREPARE).split_answer(text, "here") == (final, solution)
+
+
+def test_jsonl_folder(tmp_path):
+    write_jsonl(tmp_path / "src" / "train.jsonl", GSM8K_ROWS)
+    write_jsonl(tmp_path / "src" / "test.jsonl", TEST_ROWS)
+    write_jsonl(tmp_path / "src" / "train_socratic.jsonl", [{"question": "not me", "answer": "x"}])  # as in grade-school-math
+    check_output(tmp_path / "out", run_script(PREPARE, "--source", tmp_path / "src", "--out-dir", tmp_path / "out"))
+
+
+def test_parquet_folder_in_the_hub_layout(tmp_path):
+    # a clone of the hub repository openai/gsm8k: main/train-00000-of-00001.parquet, plus other configs beside it
+    write_parquet(tmp_path / "gsm8k" / "main" / "train-00000-of-00001.parquet", GSM8K_ROWS)
+    write_parquet(tmp_path / "gsm8k" / "main" / "test-00000-of-00001.parquet", TEST_ROWS)
+    write_parquet(tmp_path / "gsm8k" / "socratic" / "train-00000-of-00001.parquet", [{"question": "q", "answer": "x"}])
+    check_output(tmp_path / "out", run_script(PREPARE, "--source", tmp_path / "gsm8k", "--out-dir", tmp_path / "out"))
+
+
+def test_parquet_shards_are_read_in_order(tmp_path):
+    write_parquet(tmp_path / "src" / "train-00001-of-00002.parquet", GSM8K_ROWS[3:])
+    write_parquet(tmp_path / "src" / "train-00000-of-00002.parquet", GSM8K_ROWS[:3])
+    write_parquet(tmp_path / "src" / "test.parquet", TEST_ROWS)
+    check_output(tmp_path / "out", run_script(PREPARE, "--source", tmp_path / "src", "--out-dir", tmp_path / "out"))
+
+
+def test_explicit_files_mixed_formats_and_max_rows(tmp_path):
+    train = write_parquet(tmp_path / "a.parquet", GSM8K_ROWS)
+    test = write_jsonl(tmp_path / "b.jsonl", TEST_ROWS)
+    result = run_script(PREPARE, "--train-file", train, "--test-file", test, "--out-dir", tmp_path, "--max-rows", 2)
+    assert result.returncode == 0, result.stderr
+    assert read_jsonl(tmp_path / "gsm8k_train.jsonl") == EXPECTED[:2]
+    assert read_jsonl(tmp_path / "gsm8k_test.jsonl") == EXPECTED[1:3]
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"question": "q", "answer": "no final answer"}, "no '####'"),
+    ({"question": "q", "answer": "work\n####   "}, "empty final answer after '####'"),
+    ({"question": "q", "answer": "work\n#### ten"}, "not a number: 'ten'"),
+    ({"question": "q", "solution": "4"}, "no field 'answer'"),
+])
+def test_malformed_jsonl_row_names_file_and_line(tmp_path, bad, message):
+    train = write_jsonl(tmp_path / "train.jsonl", GSM8K_ROWS[:2] + [bad])
+    test = write_jsonl(tmp_path / "test.jsonl", TEST_ROWS)
+    result = run_script(PREPARE, "--train-file", train, "--test-file", test, "--out-dir", tmp_path / "out")
+    assert result.returncode == 1
+    assert f"{train}:3: " in result.stderr and message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()  # nothing half-written
+
+
+def test_malformed_parquet_row_names_file_and_row(tmp_path):
+    write_parquet(tmp_path / "train.parquet", GSM8K_ROWS)
+    bad = write_parquet(tmp_path / "test.parquet", [TEST_ROWS[0], {"question": "q", "answer": "4"}])
+    result = run_script(PREPARE, "--source", tmp_path, "--out-dir", tmp_path / "out")
+    assert result.returncode == 1
+    assert f"{bad}: row 2: no '####'" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_folder_without_a_test_split(tmp_path):
+    write_jsonl(tmp_path / "train.jsonl", GSM8K_ROWS)
+    result = run_script(PREPARE, "--source", tmp_path, "--out-dir", tmp_path / "out")
+    assert result.returncode == 1
+    assert f"{tmp_path}: no test files" in result.stderr and "--test-file" in result.stderr
+
+
+def test_offline_hub_gives_one_clear_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # no cached copy from this machine can answer instead
+    monkeypatch.delenv("HF_DATASETS_CACHE", raising=False)
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    result = run_script(PREPARE, "--out-dir", tmp_path / "out", timeout=300)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, result.stderr
+    assert "could not load openai/gsm8k from the Hugging Face hub" in lines[0] and "--source FOLDER" in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_options_that_do_not_go_together(tmp_path):
+    result = run_script(PREPARE, "--train-file", tmp_path / "a.jsonl")
+    assert result.returncode == 2 and "--train-file and --test-file go together" in result.stderr
+    result = run_script(PREPARE, "--max-rows", 0)
+    assert result.returncode == 2 and "--max-rows must be at least 1, got 0" in result.stderr
+
+
+# ------------------------------------------------------------------------------------------------
+# data/reward_server.py
+# ------------------------------------------------------------------------------------------------
+
+
+def start_server(tmp_path, *args):
+    """Start the server on a free port; returns (process, base URL). The caller must stop it."""
+    log = open(tmp_path / "server.log", "w")  # stderr to a file: a full pipe would block the server
+    process = subprocess.Popen([sys.executable, str(SERVER), "--port", "0", *args], stdout=subprocess.PIPE,
+                               stderr=log, text=True)
+    log.close()
+    ready, _, _ = select.select([process.stdout], [], [], 30)
+    line = process.stdout.readline() if ready else ""
+    if not line.startswith("listening on http://"):
+        stop_server(process)
+        pytest.fail(f"server did not start: {line!r}; stderr: {(tmp_path / 'server.log').read_text()}")
+    url = line.split()[-1].removesuffix("/reward")
+    return process, url
+
+
+def stop_server(process):
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    process.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    process, url = start_server(tmp_path_factory.mktemp("server"), "--quiet")
+    yield url
+    stop_server(process)  # runs even when a test fails
+    assert process.returncode == 0  # SIGTERM stops it cleanly
+
+
+def call(url, body=None, timeout=10):
+    """(status, JSON reply) for a GET (body None) or a POST (body: bytes, or anything JSON)."""
+    if body is not None and not isinstance(body, bytes):
+        body = json.dumps(body).encode()
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        with e:
+            return e.code, json.loads(e.read())
+
+
+def test_server_first_line_is_the_real_port(server):
+    port = int(server.rsplit(":", 1)[1])
+    assert port > 0
+    with socket.create_connection(("127.0.0.1", port), timeout=5):
+        pass
+
+
+def test_health(server):
+    assert call(server + "/health") == (200, {"status": "ok"})
+
+
+def test_rewards_right_and_wrong(server):
+    completions = [
+        "<think>400*3</think> <answer>1200</answer>",
+        "<think>400*3</think> <answer>1300</answer>",
+        "<answer> $1,200. </answer>",
+        "<answer>7</answer> on second thought <answer>1200</answer>",  # the last answer counts
+        "<answer>1200</answer> on second thought <answer>7</answer>",
+        "1200 without tags",
+        "<answer>twelve hundred</answer>",
+        "<answer>0.5</answer>",
+        "<answer>-5</answer>",
+    ]
+    answers = ["1200"] * 7 + ["1/2", "-5.0"]
+    metadata = [{"id": i} for i in range(len(completions))]
+    status, reply = call(server + "/reward", {"completions": completions, "answers": answers, "metadata": metadata})
+    assert status == 200
+    assert reply == {"rewards": [1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0]}
+    status, reply = call(server + "/reward", {"completions": ["<answer>4</answer>"], "answers": ["4"]})  # no metadata
+    assert (status, reply) == (200, {"rewards": [1.0]})
+    assert call(server + "/reward", {"completions": [], "answers": []}) == (200, {"rewards": []})
+
+
+@pytest.mark.parametrize("body, message", [
+    (b"{not json", "not valid JSON"),
+    ([1, 2], "must be a JSON object, got list"),
+    ({"completions": ["<answer>4</answer>"]}, "missing field 'answers'"),
+    ({"answers": ["4"]}, "missing field 'completions'"),
+    ({"completions": "<answer>4</answer>", "answers": ["4"]}, "field 'completions' must be a list, got str"),
+    ({"completions": ["a", "b"], "answers": ["4"]}, "2 completions but 1 answers"),
+    ({"completions": ["a"], "answers": ["4"], "metadata": [{}, {}]}, "1 completions but 2 metadata"),
+    ({"completions": ["a", 5], "answers": ["4", "5"]}, "completions[1] must be a string, got int"),
+])
+def test_malformed_requests_get_400(server, body, message):
+    status, reply = call(server + "/reward", body)
+    assert status == 400
+    assert message in reply["error"], reply
+
+
+def test_unknown_path_gets_404(server):
+    status, reply = call(server + "/rewards", {"completions": [], "answers": []})
+    assert status == 404 and "/reward" in reply["error"]
+
+
+def test_delay_makes_a_client_time_out_and_ctrl_c_stops_cleanly(tmp_path):
+    process, url = start_server(tmp_path, "--delay", "3")
+    try:
+        assert call(url + "/health", timeout=2) == (200, {"status": "ok"})  # --delay is for /reward only
+        started = time.monotonic()
+        with pytest.raises((TimeoutError, socket.timeout, urllib.error.URLError)):
+            call(url + "/reward", {"completions": ["<answer>1</answer>"], "answers": ["1"]}, timeout=0.5)
+        assert time.monotonic() - started < 2.5
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=10) == 0
+        assert "stopped" in process.stdout.read()
+        assert "Traceback" not in (tmp_path / "server.log").read_text()
+    finally:
+        stop_server(process)
