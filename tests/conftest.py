@@ -15,6 +15,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENTS = sorted(p.parent.name for p in ROOT.glob("experiment_*/train.py"))
+# The experiments that train on question/answer data with the shared --task and reward options; the
+# multi-turn ones have rollouts and rewards of their own and their own test files.
+MULTI_TURN = {"experiment_multiturn_tool_calling", "experiment_multiturn_qa"}
+TASK_EXPERIMENTS = [name for name in EXPERIMENTS if name not in MULTI_TURN]
 TAGS = ["<think>", "</think>", "<answer>", "</answer>"]
 CHARS = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,:;!?+-*/=()<>_'\"\n")
 CHAT_TEMPLATE = (
@@ -69,6 +73,13 @@ def load_experiment(name):
 
 @pytest.fixture(params=EXPERIMENTS)
 def experiment(request):
+    """Every experiment's train.py: the contract (advantages, KL, loss, log-probs, sampling) holds in all."""
+    return load_experiment(request.param)
+
+
+@pytest.fixture(params=TASK_EXPERIMENTS)
+def task_experiment(request):
+    """The experiments that share experiment_base's tasks, rewards, data loading and command line."""
     return load_experiment(request.param)
 
 

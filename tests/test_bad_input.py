@@ -5,10 +5,10 @@ import pytest
 from conftest import write_jsonl
 
 
-def fails_with(experiment, argv, capsys):
+def fails_with(task_experiment, argv, capsys):
     """Run main, expect it to stop; returns everything it said."""
     with pytest.raises(SystemExit) as stop:
-        experiment.main([str(a) for a in argv])
+        task_experiment.main([str(a) for a in argv])
     code = stop.value.code
     assert code not in (0, None)
     return (code if isinstance(code, str) else "") + capsys.readouterr().err
@@ -18,38 +18,38 @@ def data_args(path):
     return ["--device", "cpu", "--model-name", "unused", "--data-path", path, "--eval-interval", "0"]
 
 
-def test_malformed_jsonl_line(experiment, tmp_path, capsys):
+def test_malformed_jsonl_line(task_experiment, tmp_path, capsys):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"question": "1+1", "answer": "2"}\n\n{"question": "2+2", "answer": \n')
-    message = fails_with(experiment, data_args(path), capsys)
+    message = fails_with(task_experiment, data_args(path), capsys)
     assert f"{path}:3: not valid JSON" in message
 
 
-def test_missing_field_names_file_line_and_option(experiment, tmp_path, capsys):
+def test_missing_field_names_file_line_and_option(task_experiment, tmp_path, capsys):
     path = write_jsonl(tmp_path / "tasks.jsonl", [{"question": "1+1", "answer": "2"}, {"question": "2+2", "solution": "4"}])
-    message = fails_with(experiment, data_args(path), capsys)
+    message = fails_with(task_experiment, data_args(path), capsys)
     assert f"{path}:2: no field 'answer' (--answer-key)" in message and "solution" in message
 
 
-def test_other_field_names_map_with_keys(experiment, tmp_path):
+def test_other_field_names_map_with_keys(task_experiment, tmp_path):
     path = write_jsonl(tmp_path / "tasks.jsonl", [{"src": "1+1", "tgt": 2, "level": 1}])
-    assert experiment.load_tasks(path, "src", "tgt") == [{"question": "1+1", "answer": "2", "metadata": {"level": 1}}]
+    assert task_experiment.load_tasks(path, "src", "tgt") == [{"question": "1+1", "answer": "2", "metadata": {"level": 1}}]
 
 
-def test_empty_after_filters(experiment, tmp_path, capsys):
+def test_empty_after_filters(task_experiment, tmp_path, capsys):
     path = write_jsonl(tmp_path / "tasks.jsonl", [{"question": "1+1", "answer": "2", "num_terms": 2}])
-    message = fails_with(experiment, data_args(path) + ["--filter", "num_terms=3,4"], capsys)
+    message = fails_with(task_experiment, data_args(path) + ["--filter", "num_terms=3,4"], capsys)
     assert f"{path}: no tasks after --filter num_terms=3,4" in message
-    assert [t["question"] for t in experiment.load_tasks(path, filters=["num_terms=2"])] == ["1+1"]
+    assert [t["question"] for t in task_experiment.load_tasks(path, filters=["num_terms=2"])] == ["1+1"]
 
 
-def test_filter_on_a_field_the_data_lacks(experiment, tmp_path, capsys):
+def test_filter_on_a_field_the_data_lacks(task_experiment, tmp_path, capsys):
     path = write_jsonl(tmp_path / "tasks.jsonl", [{"question": "1+1", "answer": "2"}])
-    assert "--filter level=...: the line has no field 'level'" in fails_with(experiment, data_args(path) + ["--filter", "level=1"], capsys)
+    assert "--filter level=...: the line has no field 'level'" in fails_with(task_experiment, data_args(path) + ["--filter", "level=1"], capsys)
 
 
-def test_missing_data_file(experiment, tmp_path, capsys):
-    assert f"{tmp_path / 'nope.jsonl'}: no such file" in fails_with(experiment, data_args(tmp_path / "nope.jsonl"), capsys)
+def test_missing_data_file(task_experiment, tmp_path, capsys):
+    assert f"{tmp_path / 'nope.jsonl'}: no such file" in fails_with(task_experiment, data_args(tmp_path / "nope.jsonl"), capsys)
 
 
 @pytest.mark.parametrize("argv, expected", [
@@ -61,17 +61,17 @@ def test_missing_data_file(experiment, tmp_path, capsys):
     (["--filter", "num_terms"], "--filter expects FIELD=V1,V2, got 'num_terms'"),
     (["--max-steps", "0"], "--max-steps must be at least 1, got 0"),
 ])
-def test_bad_option_values(experiment, capsys, argv, expected):
-    assert expected in fails_with(experiment, argv, capsys)
+def test_bad_option_values(task_experiment, capsys, argv, expected):
+    assert expected in fails_with(task_experiment, argv, capsys)
 
 
-def test_resume_from_nothing(experiment, tmp_path, capsys):
+def test_resume_from_nothing(task_experiment, tmp_path, capsys):
     path = write_jsonl(tmp_path / "tasks.jsonl", [{"question": "1+1", "answer": "2"}])
-    message = fails_with(experiment, data_args(path) + ["--resume", tmp_path], capsys)
+    message = fails_with(task_experiment, data_args(path) + ["--resume", tmp_path], capsys)
     assert f"--resume {tmp_path}: no checkpoint there" in message
 
 
-def test_unloadable_model(experiment, tmp_path, capsys):
+def test_unloadable_model(task_experiment, tmp_path, capsys):
     path = write_jsonl(tmp_path / "tasks.jsonl", [{"question": "1+1", "answer": "2"}])
     argv = data_args(path) + ["--model-name", "no-such-owner/no-such-model"]
-    assert "--model-name no-such-owner/no-such-model: cannot load it" in fails_with(experiment, argv, capsys)
+    assert "--model-name no-such-owner/no-such-model: cannot load it" in fails_with(task_experiment, argv, capsys)

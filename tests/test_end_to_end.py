@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import EXPERIMENTS, ROOT, run_script, tensorboard_scalars, write_jsonl
+from conftest import ROOT, TASK_EXPERIMENTS, run_script, tensorboard_scalars, write_jsonl
 from test_learning import seven_reward
 
 LOGGED = {
@@ -37,7 +37,7 @@ def adapter(tmp_path, step):
     return load_file(tmp_path / "out" / "e2e" / f"step_{step:06d}" / "adapter_model.safetensors")
 
 
-@pytest.mark.parametrize("name", EXPERIMENTS)
+@pytest.mark.parametrize("name", TASK_EXPERIMENTS)
 def test_two_steps_then_resume(name, tiny_model_dir, tasks, tmp_path):
     script = ROOT / name / "train.py"
     first = run_script(script, *tiny_args(tiny_model_dir, tasks, tmp_path, "--max-steps", "2", "--eval-interval", "1",
@@ -61,15 +61,15 @@ def test_two_steps_then_resume(name, tiny_model_dir, tasks, tmp_path):
     assert state["step"] == 3 and state["data_position"] == [0, 6]  # 3 steps x 2 prompts into the first pass
 
 
-def test_resume_reproduces_an_uninterrupted_run(experiment, tiny_model_dir, tasks, tmp_path, monkeypatch):
+def test_resume_reproduces_an_uninterrupted_run(task_experiment, tiny_model_dir, tasks, tmp_path, monkeypatch):
     """4 steps in one go and 2 + 2 with a resume in between end with the same weights: the checkpoint
     holds everything that matters (weights, optimizer, RNG, data position)."""
-    monkeypatch.setattr(experiment, "reward_terms", seven_reward)  # a reward that varies, so weights move
+    monkeypatch.setattr(task_experiment, "reward_terms", seven_reward)  # a reward that varies, so weights move
     straight, split = tmp_path / "straight", tmp_path / "split"
     common = ["--max-steps", "4", "--eval-interval", "0", "--checkpoint-interval", "2", "--keep-checkpoints", "0"]
-    experiment.main(list(map(str, tiny_args(tiny_model_dir, tasks, straight, *common))))
-    experiment.main(list(map(str, tiny_args(tiny_model_dir, tasks, split, *common[:1], "2", *common[2:]))))
-    experiment.main(list(map(str, tiny_args(tiny_model_dir, tasks, split, *common, "--resume", split / "out" / "e2e"))))
+    task_experiment.main(list(map(str, tiny_args(tiny_model_dir, tasks, straight, *common))))
+    task_experiment.main(list(map(str, tiny_args(tiny_model_dir, tasks, split, *common[:1], "2", *common[2:]))))
+    task_experiment.main(list(map(str, tiny_args(tiny_model_dir, tasks, split, *common, "--resume", split / "out" / "e2e"))))
     a, b = adapter(straight, 4), adapter(split, 4)
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -93,7 +93,7 @@ def test_ctrl_c_saves_a_checkpoint(tiny_model_dir, tasks, tmp_path):
     assert "interrupted: saving step" in stderr
 
 
-@pytest.mark.parametrize("name", EXPERIMENTS)
+@pytest.mark.parametrize("name", TASK_EXPERIMENTS)
 def test_help_lists_every_option_with_its_default(name):
     result = run_script(ROOT / name / "train.py", "--help")
     assert result.returncode == 0

@@ -12,10 +12,10 @@ def seven_reward(completion, answer, *args, **kwargs):
 
 
 @pytest.mark.parametrize("quantization", ["4bit", "none"])
-def test_grpo_raises_reward(experiment, tiny_model_dir, tmp_path, monkeypatch, quantization):
-    monkeypatch.setattr(experiment, "reward_terms", seven_reward)
+def test_grpo_raises_reward(task_experiment, tiny_model_dir, tmp_path, monkeypatch, quantization):
+    monkeypatch.setattr(task_experiment, "reward_terms", seven_reward)
     data = write_jsonl(tmp_path / "tasks.jsonl", [{"question": f"Say something {i}", "answer": "7"} for i in range(64)])
-    experiment.main([
+    task_experiment.main([
         "--model-name", str(tiny_model_dir), "--device", "cpu", "--quantization", quantization, "--dtype", "float32",
         "--data-path", str(data), "--max-steps", "20", "--group-size", "8", "--rollouts-per-step", "4",
         "--max-length", "8", "--lr", "3e-2", "--kl-weight", "0.01", "--seed", "1", "--eval-interval", "0",

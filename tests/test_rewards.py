@@ -26,16 +26,16 @@ THINK = "<think>I add the two numbers carefully.</think>"
     ("twelve", "12", 0.0),
     ("", "12", 0.0),
 ])
-def test_numeric_answers(experiment, answer_text, reference, expected):
+def test_numeric_answers(task_experiment, answer_text, reference, expected):
     for task in ("math", "gsm8k"):
         completion = f"{THINK}<answer>{answer_text}</answer>"
-        assert experiment.correctness(completion, reference, task) == expected, (task, answer_text)
+        assert task_experiment.correctness(completion, reference, task) == expected, (task, answer_text)
 
 
-def test_only_the_last_answer_tag_counts(experiment):
-    assert experiment.correctness("<answer>5</answer> no wait <answer>6</answer>", "6") == 1.0
-    assert experiment.correctness("<answer>6</answer> no wait <answer>5</answer>", "6") == 0.0
-    assert experiment.correctness("the answer is 6", "6") == 0.0  # no tags, no credit
+def test_only_the_last_answer_tag_counts(task_experiment):
+    assert task_experiment.correctness("<answer>5</answer> no wait <answer>6</answer>", "6") == 1.0
+    assert task_experiment.correctness("<answer>6</answer> no wait <answer>5</answer>", "6") == 0.0
+    assert task_experiment.correctness("the answer is 6", "6") == 0.0  # no tags, no credit
 
 
 KK_REFERENCE = "(1) Zoey is a knight\n(2) Ethan is a knave\n(3) Mia is a knave"
@@ -51,18 +51,18 @@ KK_REFERENCE = "(1) Zoey is a knight\n(2) Ethan is a knave\n(3) Mia is a knave"
     ("Zoey is a knight, Ethan is a knave", 0.0, 2 / 3),  # Mia missing
     ("Everyone is a knight", 0.0, 0.0),
 ])
-def test_knights_and_knaves_answers(experiment, given, exact, partial):
+def test_knights_and_knaves_answers(task_experiment, given, exact, partial):
     completion = f"<think>Zoey cannot lie.</think><answer>{given}</answer>"
-    assert experiment.correctness(completion, KK_REFERENCE, "knights_knaves") == pytest.approx(exact)
-    assert experiment.correctness(completion, KK_REFERENCE, "knights_knaves", partial_credit=True) == pytest.approx(partial)
+    assert task_experiment.correctness(completion, KK_REFERENCE, "knights_knaves") == pytest.approx(exact)
+    assert task_experiment.correctness(completion, KK_REFERENCE, "knights_knaves", partial_credit=True) == pytest.approx(partial)
 
 
-def test_knights_and_knaves_generated_answers_parse(experiment):
+def test_knights_and_knaves_generated_answers_parse(task_experiment):
     import json
 
     row = json.loads((ROOT / "data" / "knights_knaves_eval.jsonl").read_text().splitlines()[0])
-    assert experiment.correctness(f"<think>x</think><answer>{row['answer']}</answer>", row["answer"], "knights_knaves") == 1.0
-    assert set(experiment.reference_roles(row["answer"])) == {n.lower() for n in row["names"]}
+    assert task_experiment.correctness(f"<think>x</think><answer>{row['answer']}</answer>", row["answer"], "knights_knaves") == 1.0
+    assert set(task_experiment.reference_roles(row["answer"])) == {n.lower() for n in row["names"]}
 
 
 @pytest.mark.parametrize("completion, score", [
@@ -76,40 +76,40 @@ def test_knights_and_knaves_generated_answers_parse(experiment):
     (f"{THINK}<answer>12</answer> and then more", 0.0),  # nothing after the answer
     ("<answer>12</answer>", 0.0),
 ])
-def test_strict_format(experiment, completion, score):
-    assert experiment.format_score(completion) == score
+def test_strict_format(task_experiment, completion, score):
+    assert task_experiment.format_score(completion) == score
 
 
-def test_reasoning_format_tags(experiment):
+def test_reasoning_format_tags(task_experiment):
     completion = "<reasoning>I add them up: 5 + 7 = 12.</reasoning><answer>12</answer>"
-    assert experiment.format_score(completion, "math", "reasoning") == 1.0
-    assert experiment.format_score(completion, "math", "think") == 0.0
-    assert experiment.reasoning_quality(completion, "reasoning") == 1.0
+    assert task_experiment.format_score(completion, "math", "reasoning") == 1.0
+    assert task_experiment.format_score(completion, "math", "think") == 0.0
+    assert task_experiment.reasoning_quality(completion, "reasoning") == 1.0
 
 
-def test_reasoning_quality(experiment):
-    assert experiment.reasoning_quality("<think>First 3 * 4 = 12, then 12 + 1 = 13.</think>") == 1.0
-    assert experiment.reasoning_quality("<think>13</think>") == 0.5  # too short
-    assert experiment.reasoning_quality("<think>" + "so we add one more " * 20 + "</think>") == 0.5  # a loop
-    assert experiment.reasoning_quality("<think></think>") == 0.0
-    assert experiment.reasoning_quality("<think>never closed") == 0.0
+def test_reasoning_quality(task_experiment):
+    assert task_experiment.reasoning_quality("<think>First 3 * 4 = 12, then 12 + 1 = 13.</think>") == 1.0
+    assert task_experiment.reasoning_quality("<think>13</think>") == 0.5  # too short
+    assert task_experiment.reasoning_quality("<think>" + "so we add one more " * 20 + "</think>") == 0.5  # a loop
+    assert task_experiment.reasoning_quality("<think></think>") == 0.0
+    assert task_experiment.reasoning_quality("<think>never closed") == 0.0
 
 
-def test_reward_weights(experiment):
+def test_reward_weights(task_experiment):
     good = "<think>First 3 * 4 = 12, then 12 + 1 = 13.</think><answer>13</answer>"
-    assert experiment.compute_reward(good, "13") == pytest.approx(1 + 0.1 + 0.1)  # the default weights
-    weights = experiment.parse_weights("correctness=2,format=1,reasoning=0.5")
-    assert experiment.compute_reward(good, "13", weights=weights) == pytest.approx(2 + 1 + 0.5)
-    assert experiment.compute_reward(good, "14", weights=weights) == pytest.approx(0 + 1 + 0.5)
+    assert task_experiment.compute_reward(good, "13") == pytest.approx(1 + 0.1 + 0.1)  # the default weights
+    weights = task_experiment.parse_weights("correctness=2,format=1,reasoning=0.5")
+    assert task_experiment.compute_reward(good, "13", weights=weights) == pytest.approx(2 + 1 + 0.5)
+    assert task_experiment.compute_reward(good, "14", weights=weights) == pytest.approx(0 + 1 + 0.5)
     hacked = "<think></think><answer></answer>"  # empty tags score nothing under any weights
-    assert experiment.compute_reward(hacked, "13", weights=weights) == 0.0
+    assert task_experiment.compute_reward(hacked, "13", weights=weights) == 0.0
     with pytest.raises(ValueError, match="unknown reward term 'style'"):
-        experiment.parse_weights("style=1")
+        task_experiment.parse_weights("style=1")
 
 
-def test_bad_reward_weights_option(experiment, capsys):
+def test_bad_reward_weights_option(task_experiment, capsys):
     with pytest.raises(SystemExit):
-        experiment.parse_args(["--device", "cpu", "--reward-weights", "correctness=2,style=1"])
+        task_experiment.parse_args(["--device", "cpu", "--reward-weights", "correctness=2,style=1"])
     assert "--reward-weights 'correctness=2,style=1': unknown reward term 'style'" in capsys.readouterr().err
 
 
@@ -129,8 +129,8 @@ def reward_module(tmp_path, monkeypatch):
     sys.modules.pop("my_rewards", None)
 
 
-def test_custom_reward_function(experiment, reward_module):
-    score = experiment.Scorer(reward_fn=f"{reward_module}:length_bonus", weights="custom=2")
+def test_custom_reward_function(task_experiment, reward_module):
+    score = task_experiment.Scorer(reward_fn=f"{reward_module}:length_bonus", weights="custom=2")
     rewards, terms = score(["abcd", "<think>First 3 * 4 = 12, then add 1.</think><answer>13</answer>"], ["1", "13"],
                            [{"bonus": 1}, {}])
     assert terms["custom"].tolist() == pytest.approx([1.04, 0.63])
@@ -143,14 +143,14 @@ def test_custom_reward_function(experiment, reward_module):
     ("my_rewards:not_a_function", "has no function 'not_a_function'"),
     ("my_rewards", "--reward-fn my_rewards: expected package.module:function"),
 ])
-def test_custom_reward_loading_errors(experiment, reward_module, spec, message):
-    with pytest.raises(experiment.InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        experiment.Scorer(reward_fn=spec)
+def test_custom_reward_loading_errors(task_experiment, reward_module, spec, message):
+    with pytest.raises(task_experiment.InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        task_experiment.Scorer(reward_fn=spec)
 
 
-def test_a_raising_reward_function_names_the_example(experiment, reward_module):
-    score = experiment.Scorer(reward_fn=f"{reward_module}:broken")
-    with pytest.raises(experiment.RewardError) as error:
+def test_a_raising_reward_function_names_the_example(task_experiment, reward_module):
+    score = task_experiment.Scorer(reward_fn=f"{reward_module}:broken")
+    with pytest.raises(task_experiment.RewardError) as error:
         score(["<answer>7</answer>"], ["7"], [{}])
     assert "my_rewards:broken failed on completion '<answer>7</answer>' (answer '7'): ValueError: cannot score this" in str(error.value)
 
@@ -174,29 +174,29 @@ def reward_server():
         process.wait(timeout=10)
 
 
-def test_reward_service_up(experiment, reward_server):
-    score = experiment.Scorer(reward_url=reward_server(), weights="correctness=0,format=0,reasoning=0")
+def test_reward_service_up(task_experiment, reward_server):
+    score = task_experiment.Scorer(reward_url=reward_server(), weights="correctness=0,format=0,reasoning=0")
     rewards, terms = score(["<answer>12</answer>", "<answer>11</answer>"], ["12", "12"], [{}, {}])
     assert terms["remote"].tolist() == [1.0, 0.0] and rewards.tolist() == [1.0, 0.0]
 
 
-def test_reward_service_slow(experiment, reward_server):
+def test_reward_service_slow(task_experiment, reward_server):
     url = reward_server(delay=2.0)
     started = time.perf_counter()
-    with pytest.raises(experiment.RewardError, match="no answer after 2 tries"):
-        experiment.Scorer(reward_url=url, timeout=0.3, retries=2)
+    with pytest.raises(task_experiment.RewardError, match="no answer after 2 tries"):
+        task_experiment.Scorer(reward_url=url, timeout=0.3, retries=2)
     assert time.perf_counter() - started < 5  # two short timeouts and one back-off, not a hang
 
 
-def test_reward_service_down(experiment):
-    with pytest.raises(experiment.RewardError, match=r"--reward-url http://127.0.0.1:9/reward: no answer after 2 tries .*is the service running"):
-        experiment.Scorer(reward_url="http://127.0.0.1:9/reward", retries=2, timeout=1)
+def test_reward_service_down(task_experiment):
+    with pytest.raises(task_experiment.RewardError, match=r"--reward-url http://127.0.0.1:9/reward: no answer after 2 tries .*is the service running"):
+        task_experiment.Scorer(reward_url="http://127.0.0.1:9/reward", retries=2, timeout=1)
 
 
-def test_reward_service_bad_request_is_not_retried(experiment, reward_server):
+def test_reward_service_bad_request_is_not_retried(task_experiment, reward_server):
     url = reward_server()
-    with pytest.raises(experiment.RewardError, match="HTTP 400"):
-        experiment.remote_rewards(url, ["a", "b"], ["1"], [{}, {}])
+    with pytest.raises(task_experiment.RewardError, match="HTTP 400"):
+        task_experiment.remote_rewards(url, ["a", "b"], ["1"], [{}, {}])
 
 
 # ---- each task end to end ----
@@ -208,12 +208,12 @@ GSM8K_ROWS = [
 
 
 @pytest.mark.parametrize("task", ["math", "gsm8k", "knights_knaves"])
-def test_each_task_runs_two_steps(experiment, tiny_model_dir, tmp_path, task):
+def test_each_task_runs_two_steps(task_experiment, tiny_model_dir, tmp_path, task):
     data = []
     if task == "gsm8k":  # the real files need the hub: a small file in GSM8K's prepared format
         path = write_jsonl(tmp_path / "gsm8k.jsonl", GSM8K_ROWS)
         data = ["--data-path", path, "--eval-data-path", path]
-    script = ROOT / experiment.EXPERIMENT / "train.py"
+    script = ROOT / task_experiment.EXPERIMENT / "train.py"
     result = run_script(script, "--task", task, *data, "--model-name", tiny_model_dir, "--device", "cpu",
                         "--quantization", "none", "--dtype", "float32", "--max-steps", "2", "--group-size", "2",
                         "--rollouts-per-step", "2", "--max-length", "8", "--eval-interval", "2", "--eval-prompts", "2",
