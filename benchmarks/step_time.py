@@ -1,0 +1,214 @@
+"""Step time, sampling throughput and peak memory: experiment_base against TRL's GRPOTrainer.
+
+The same GRPO workload runs through both, each in a fresh process (so peak memory is its own),
+one after the other in one invocation:
+
+    python benchmarks/step_time.py                         # packaged Gemma-3-270M, CPU, 4 prompts x 4 x 64 tokens
+    python benchmarks/step_time.py --steps 6 --json benchmarks/results/step_time.json
+    python benchmarks/step_time.py --only project          # one side alone (for profiling)
+
+Identical on both sides: the model and its dtype (bfloat16 on this CPU), the prompts (formatted by
+experiment_base.format_prompt), prompts per step, group size, completion budget, LoRA rank/alpha on
+every linear layer, gradient checkpointing, learning rate, KL weight (beta), the GRPO loss
+(per-sequence token mean, std-scaled group advantages), one optimizer update per step, the reward
+function (experiment_base.compute_reward), sampling at temperature 1 with no top-k / top-p. Both
+stop a completion at EOS only: experiment_base's extra stop strings are switched off here, since
+TRL has no equivalent by default.
+
+Reported per side: seconds per step (median over the steps after the first, which is a warm-up),
+where that time goes (sampling vs the rest), sampled tokens per second, and peak memory (RSS; and
+GPU peak when CUDA is present); then the ratios project / TRL.
+"""
+
+import argparse
+import importlib.util
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_base():
+    spec = importlib.util.spec_from_file_location("experiment_base_train", ROOT / "experiment_base" / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model-name", default="packaged:gemma-3-270m", help="hub id, local folder or .gguf (default: %(default)s)")
+    p.add_argument("--prompts", type=int, default=4, help="prompts per step (default: %(default)s)")
+    p.add_argument("--group-size", type=int, default=4, help="completions per prompt (default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="completion budget (default: %(default)s)")
+    p.add_argument("--steps", type=int, default=4, help="steps per side; the first is a warm-up (default: %(default)s)")
+    p.add_argument("--lora-r", type=int, default=16, help="LoRA rank (default: %(default)s)")
+    p.add_argument("--lr", type=float, default=1e-5, help="learning rate (default: %(default)s)")
+    p.add_argument("--kl-weight", type=float, default=0.0, help="beta (TRL's default is 0) (default: %(default)s)")
+    p.add_argument("--dtype", default="auto", help="model dtype for both sides, as experiment_base's --dtype (default: %(default)s)")
+    p.add_argument("--data-path", default=str(ROOT / "data" / "math_tasks.jsonl"), help="prompts (default: data/math_tasks.jsonl)")
+    p.add_argument("--only", choices=["project", "trl"], help="run one side in this process and print its JSON")
+    p.add_argument("--json", type=Path, help="also write the table as JSON here")
+    args = p.parse_args(argv)
+    if args.steps < 2:
+        p.error("--steps must be at least 2: the first step is a warm-up")
+    return args
+
+
+def workload(args, base):
+    """(model folder, dtype, prompts, answers): the same for both sides."""
+    device = "cuda" if base.torch.cuda.is_available() else "cpu"
+    path = base.resolve_model_path(args.model_name)
+    dtype = base.resolve_dtype(args.dtype, device)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tasks = base.load_tasks(args.data_path, max_rows=args.prompts * args.steps)
+    prompts = [base.format_prompt(tokenizer, t["question"]) for t in tasks]
+    return path, dtype, device, prompts, [t["answer"] for t in tasks]
+
+
+def peak_memory(device):
+    import torch
+
+    peak = {"peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+    if device == "cuda":
+        peak["gpu_peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
+    return peak
+
+
+def run_project(args):
+    base = load_base()
+    base.STOP_STRINGS = ()  # EOS only, as TRL
+    path, dtype, device, prompts, answers = workload(args, base)
+    dtype_name = str(dtype).removeprefix("torch.")
+    options = base.parse_args(["--model-name", path, "--device", device, "--dtype", dtype_name, "--quantization", "none",
+                               "--lora-r", str(args.lora_r), "--lora-alpha", str(2 * args.lora_r), "--lr", str(args.lr),
+                               "--kl-weight", str(args.kl_weight), "--group-size", str(args.group_size),
+                               "--rollouts-per-step", str(args.prompts), "--max-length", str(args.max_new_tokens),
+                               "--train-batch-size", str(args.prompts * args.group_size)])
+    base.torch.manual_seed(0)
+    model, tokenizer = base.load_model(options)
+    optimizer = base.make_optimizer(model, options)
+    steps = []
+    for step in range(args.steps):
+        rows = slice(step * args.prompts, (step + 1) * args.prompts)
+        started = time.perf_counter()
+        model.eval()
+        result = base.rollout(model, tokenizer, prompts[rows], answers[rows], args.group_size, args.max_new_tokens)
+        sampled = time.perf_counter()
+        advantages = base.group_advantages(result.rewards.view(-1, args.group_size)).flatten()
+        model.train()
+        base.train_step(model, (result.sequence_ids, result.attention_mask, result.action_mask, advantages), options, optimizer)
+        steps.append({"seconds": time.perf_counter() - started, "sampling_seconds": sampled - started,
+                      "tokens": int(result.action_mask.sum())})
+    return {"steps": steps, **peak_memory(device)}
+
+
+def run_trl(args):
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    base = load_base()
+    path, dtype, device, prompts, answers = workload(args, base)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+    dataset = Dataset.from_dict({"prompt": prompts, "answer": answers})
+
+    def reward(prompts, completions, answer, **kwargs):
+        return [base.compute_reward(c, a) for c, a in zip(completions, answer)]
+
+    steps, marks = [], {}
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, *a, **k):
+            marks["start"] = time.perf_counter()
+
+        def on_step_end(self, *a, **k):
+            steps.append({"seconds": time.perf_counter() - marks["start"], "sampling_seconds": marks.pop("sampling", 0.0),
+                          "tokens": marks.pop("tokens", 0)})
+
+    config = GRPOConfig(
+        output_dir=tempfile.mkdtemp(), max_steps=args.steps, learning_rate=args.lr, beta=args.kl_weight,
+        per_device_train_batch_size=args.prompts * args.group_size, num_generations=args.group_size,
+        gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1, max_completion_length=args.max_new_tokens,
+        temperature=1.0, top_k=0, top_p=1.0, loss_type="grpo", scale_rewards="group", epsilon=0.2,
+        gradient_checkpointing=True, use_cpu=device == "cpu", bf16=False, logging_steps=1, report_to="none",
+        save_strategy="no", shuffle_dataset=False, disable_dropout=True, seed=0,
+    )
+    lora = LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, lora_dropout=0.0, target_modules="all-linear",
+                      task_type="CAUSAL_LM")
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset, processing_class=tokenizer,
+                          peft_config=lora, callbacks=[Timer()])
+    generate = trainer._generate_and_score_completions
+
+    def timed_generate(*a, **k):  # sampling and scoring, as the project's rollout
+        started = time.perf_counter()
+        out = generate(*a, **k)
+        marks["sampling"] = marks.get("sampling", 0.0) + time.perf_counter() - started
+        marks["tokens"] = marks.get("tokens", 0) + int(out["completion_mask"].sum())
+        return out
+
+    trainer._generate_and_score_completions = timed_generate
+    torch.manual_seed(0)
+    trainer.train()
+    return {"steps": steps, **peak_memory(device)}
+
+
+def summarise(result):
+    measured = result["steps"][1:]  # the first step is a warm-up
+    return {
+        "step_seconds": statistics.median(s["seconds"] for s in measured),
+        "sampling_seconds": statistics.median(s["sampling_seconds"] for s in measured),
+        "tokens_per_second": sum(s["tokens"] for s in measured) / sum(s["sampling_seconds"] for s in measured),
+        **{k: v for k, v in result.items() if k != "steps"},
+        "steps": result["steps"],
+    }
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.only:
+        result = run_project(args) if args.only == "project" else run_trl(args)
+        print("RESULT " + json.dumps(result))
+        return
+    results = {}
+    for side in ("project", "trl"):
+        command = [sys.executable, __file__, "--only", side, *(argv if argv is not None else sys.argv[1:])]
+        print(f"running {side} ...", flush=True)
+        process = subprocess.run(command, capture_output=True, text=True)
+        lines = [l for l in process.stdout.splitlines() if l.startswith("RESULT ")]
+        if process.returncode != 0 or not lines:
+            sys.exit(f"error: the {side} side failed:\n{process.stderr[-3000:]}")
+        results[side] = summarise(json.loads(lines[-1][len("RESULT "):]))
+    project, trl = results["project"], results["trl"]
+    rows = [("seconds per step (median)", "step_seconds", "{:.2f}"), ("  of which sampling", "sampling_seconds", "{:.2f}"),
+            ("sampled tokens per second", "tokens_per_second", "{:.1f}"), ("peak RSS, GB", "peak_rss_gb", "{:.2f}")]
+    if "gpu_peak_gb" in project:
+        rows.append(("GPU peak, GB", "gpu_peak_gb", "{:.2f}"))
+    print(f"\n{args.prompts} prompts x {args.group_size} completions x {args.max_new_tokens} tokens, "
+          f"{args.steps - 1} measured steps, model {args.model_name}\n")
+    print(f"| {'':28s} | {'project':>8s} | {'TRL':>8s} | {'project / TRL':>13s} |")
+    print(f"| {'-' * 28} | {'-' * 8} | {'-' * 8} | {'-' * 13} |")
+    for label, key, fmt in rows:
+        print(f"| {label:28s} | {fmt.format(project[key]):>8s} | {fmt.format(trl[key]):>8s} | {project[key] / trl[key]:>13.2f} |")
+    results["settings"] = {k: str(v) for k, v in vars(args).items()}
+    results["ratios"] = {key: project[key] / trl[key] for _, key, _ in rows}
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2))
+        print(f"\nwrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

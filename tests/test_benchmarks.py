@@ -1,0 +1,30 @@
+"""The benchmarks cannot rot: each runs once with the tiny model and tiny settings (CI does not run
+them for real; their figures are in README.md)."""
+
+import json
+
+from conftest import ROOT, run_script
+
+
+def test_step_time_benchmark_runs(tiny_model_dir, tmp_path):
+    out = tmp_path / "step_time.json"
+    result = run_script(ROOT / "benchmarks" / "step_time.py", "--model-name", tiny_model_dir, "--steps", "2",
+                        "--max-new-tokens", "8", "--dtype", "float32", "--json", out)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "| seconds per step (median)" in result.stdout
+    table = json.loads(out.read_text())
+    for side in ("project", "trl"):
+        assert table[side]["step_seconds"] > 0 and table[side]["peak_rss_gb"] > 0
+        assert len(table[side]["steps"]) == 2 and all(step["tokens"] > 0 for step in table[side]["steps"])
+    assert table["ratios"]["step_seconds"] == table["project"]["step_seconds"] / table["trl"]["step_seconds"]
+
+
+def test_learning_benchmark_runs(tiny_model_dir, tmp_path):
+    result = run_script(ROOT / "benchmarks" / "learning.py", "--model-name", tiny_model_dir, "--steps", "2",
+                        "--eval-prompts", "3", "--eval-interval", "1", "--out", tmp_path, "--run-name", "smoke", "--",
+                        "--max-length", "8", "--dtype", "float32", "--group-size", "2", "--rollouts-per-step", "2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads((tmp_path / "smoke.json").read_text())
+    assert [step for step, _ in figures["curves"]["eval/accuracy"]] == [0, 1, 2]
+    assert 0 <= figures["accuracy_after"] <= 1
+    assert (tmp_path / "smoke.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
