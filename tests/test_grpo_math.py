@@ -143,7 +143,8 @@ def test_rollout_rows_are_grouped_and_masks_align(tiny):
                                 generation_batch_size=3)  # two generation batches, one prompt each
     n, width = result.action_mask.shape
     assert n == 6 and result.rewards.shape == (6,) and len(result.completions) == 6
-    assert set(result.terms) == {"correctness", "format", "reasoning"} and all(t.shape == (6,) for t in result.terms.values())
+    built_in = set(experiment.REWARD_TERMS) - {"custom", "remote"}  # each experiment names its own terms
+    assert set(result.terms) == built_in and all(t.shape == (6,) for t in result.terms.values())
     assert torch.equal(result.attention_mask[:, -width:], result.action_mask)
     prompt_width = result.sequence_ids.shape[1] - width
     first = tokenizer.decode(result.sequence_ids[0, :prompt_width], skip_special_tokens=True)

