@@ -41,24 +41,33 @@ def load_base():
     return module
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def workload_parser(description, steps, only):
+    """The options both benchmarks of a GRPO step share: model, sizes, steps, dtype, data, --only, --json."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-name", default="packaged:gemma-3-270m", help="hub id, local folder or .gguf (default: %(default)s)")
     p.add_argument("--prompts", type=int, default=4, help="prompts per step (default: %(default)s)")
     p.add_argument("--group-size", type=int, default=4, help="completions per prompt (default: %(default)s)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="completion budget (default: %(default)s)")
-    p.add_argument("--steps", type=int, default=4, help="steps per side; the first is a warm-up (default: %(default)s)")
+    p.add_argument("--steps", type=int, default=steps, help="steps per run; the first is a warm-up (default: %(default)s)")
+    p.add_argument("--dtype", default="auto", help="model dtype, as experiment_base's --dtype (default: %(default)s)")
+    p.add_argument("--data-path", default=str(ROOT / "data" / "math_tasks.jsonl"), help="prompts (default: data/math_tasks.jsonl)")
+    p.add_argument("--only", choices=only, help="run one of them in this process and print its JSON")
+    p.add_argument("--json", type=Path, help="also write the results as JSON here")
+    return p
+
+
+def check_steps(parser, args):
+    if args.steps < 2:
+        parser.error("--steps must be at least 2: the first step is a warm-up")
+    return args
+
+
+def parse_args(argv=None):
+    p = workload_parser(__doc__, steps=4, only=["project", "trl"])
     p.add_argument("--lora-r", type=int, default=16, help="LoRA rank (default: %(default)s)")
     p.add_argument("--lr", type=float, default=1e-5, help="learning rate (default: %(default)s)")
     p.add_argument("--kl-weight", type=float, default=0.0, help="beta (TRL's default is 0) (default: %(default)s)")
-    p.add_argument("--dtype", default="auto", help="model dtype for both sides, as experiment_base's --dtype (default: %(default)s)")
-    p.add_argument("--data-path", default=str(ROOT / "data" / "math_tasks.jsonl"), help="prompts (default: data/math_tasks.jsonl)")
-    p.add_argument("--only", choices=["project", "trl"], help="run one side in this process and print its JSON")
-    p.add_argument("--json", type=Path, help="also write the table as JSON here")
-    args = p.parse_args(argv)
-    if args.steps < 2:
-        p.error("--steps must be at least 2: the first step is a warm-up")
-    return args
+    return check_steps(p, p.parse_args(argv))
 
 
 def workload(args, base):
@@ -93,6 +102,11 @@ def run_project(args):
                                "--kl-weight", str(args.kl_weight), "--group-size", str(args.group_size),
                                "--rollouts-per-step", str(args.prompts), "--max-length", str(args.max_new_tokens),
                                "--train-batch-size", str(args.prompts * args.group_size)])
+    return {"steps": project_steps(base, options, prompts, answers, args), **peak_memory(device)}
+
+
+def project_steps(base, options, prompts, answers, args):
+    """Load the model and run args.steps GRPO steps of experiment_base, timing sampling and the whole step."""
     base.torch.manual_seed(0)
     model, tokenizer = base.load_model(options)
     optimizer = base.make_optimizer(model, options)
@@ -108,7 +122,7 @@ def run_project(args):
         base.train_step(model, (result.sequence_ids, result.attention_mask, result.action_mask, advantages), options, optimizer)
         steps.append({"seconds": time.perf_counter() - started, "sampling_seconds": sampled - started,
                       "tokens": int(result.action_mask.sum())})
-    return {"steps": steps, **peak_memory(device)}
+    return steps
 
 
 def run_trl(args):
@@ -165,6 +179,22 @@ def run_trl(args):
     return {"steps": steps, **peak_memory(device)}
 
 
+def run_alone(script, only, argv):
+    """Run `script --only ONLY ARGV` in a fresh process (its peak memory is its own); returns its RESULT JSON."""
+    process = subprocess.run([sys.executable, str(script), "--only", only, *argv], capture_output=True, text=True)
+    lines = [line for line in process.stdout.splitlines() if line.startswith("RESULT ")]
+    if process.returncode != 0 or not lines:
+        sys.exit(f"error: {only} failed:\n{process.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def write_json(path, results):
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(results, indent=2))
+        print(f"\nwrote {path}")
+
+
 def summarise(result):
     measured = result["steps"][1:]  # the first step is a warm-up
     return {
@@ -184,13 +214,8 @@ def main(argv=None):
         return
     results = {}
     for side in ("project", "trl"):
-        command = [sys.executable, __file__, "--only", side, *(argv if argv is not None else sys.argv[1:])]
         print(f"running {side} ...", flush=True)
-        process = subprocess.run(command, capture_output=True, text=True)
-        lines = [l for l in process.stdout.splitlines() if l.startswith("RESULT ")]
-        if process.returncode != 0 or not lines:
-            sys.exit(f"error: the {side} side failed:\n{process.stderr[-3000:]}")
-        results[side] = summarise(json.loads(lines[-1][len("RESULT "):]))
+        results[side] = summarise(run_alone(__file__, side, argv if argv is not None else sys.argv[1:]))
     project, trl = results["project"], results["trl"]
     rows = [("seconds per step (median)", "step_seconds", "{:.2f}"), ("  of which sampling", "sampling_seconds", "{:.2f}"),
             ("sampled tokens per second", "tokens_per_second", "{:.1f}"), ("peak RSS, GB", "peak_rss_gb", "{:.2f}")]
@@ -204,10 +229,7 @@ def main(argv=None):
         print(f"| {label:28s} | {fmt.format(project[key]):>8s} | {fmt.format(trl[key]):>8s} | {project[key] / trl[key]:>13.2f} |")
     results["settings"] = {k: str(v) for k, v in vars(args).items()}
     results["ratios"] = {key: project[key] / trl[key] for _, key, _ in rows}
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2))
-        print(f"\nwrote {args.json}")
+    write_json(args.json, results)
 
 
 if __name__ == "__main__":

@@ -20,11 +20,13 @@ writes the same bytes, and no held-out question appears in the training file.
     python data/make_knights_knaves.py --min-people 3 --max-people 5 --train-rows 1000 --out-dir /tmp/kk
 """
 
-import argparse
 import itertools
-import json
 import random
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tasklib.py, next to this script
+from tasklib import check_sizes, split_parser, write_split  # noqa: E402
 
 MIN_PEOPLE, MAX_PEOPLE = 2, 8
 NAMES = (
@@ -144,35 +146,21 @@ def make_tasks(train_rows, eval_rows, min_people, max_people, seed):
     return train, held_out
 
 
-def write_jsonl(path, rows):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-
-
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--train-rows", type=int, default=10_000, help="training rows (default: %(default)s)")
-    parser.add_argument("--eval-rows", type=int, default=500, help="held-out rows (default: %(default)s)")
+    parser = split_parser(__doc__, train_rows=10_000, eval_rows=500)
     parser.add_argument("--min-people", type=int, default=MIN_PEOPLE,
                         help=f"fewest inhabitants in a puzzle, {MIN_PEOPLE}..{MAX_PEOPLE} (default: %(default)s)")
     parser.add_argument("--max-people", type=int, default=MAX_PEOPLE,
                         help=f"most inhabitants in a puzzle, {MIN_PEOPLE}..{MAX_PEOPLE} (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
-    parser.add_argument("--out-dir", type=Path, default=Path(__file__).parent, help="output folder (default: data/)")
     args = parser.parse_args(argv)
-    if args.train_rows < 1 or args.eval_rows < 0:
-        parser.error("--train-rows must be at least 1 and --eval-rows at least 0")
+    check_sizes(parser, args)
     for option, value in (("--min-people", args.min_people), ("--max-people", args.max_people)):
         if not MIN_PEOPLE <= value <= MAX_PEOPLE:
             parser.error(f"{option} must be between {MIN_PEOPLE} and {MAX_PEOPLE}, got {value}")
     if args.min_people > args.max_people:
         parser.error(f"--min-people ({args.min_people}) must not exceed --max-people ({args.max_people})")
     train, held_out = make_tasks(args.train_rows, args.eval_rows, args.min_people, args.max_people, args.seed)
-    write_jsonl(args.out_dir / "knights_knaves.jsonl", train)
-    write_jsonl(args.out_dir / "knights_knaves_eval.jsonl", held_out)
-    print(f"wrote {len(train)} training and {len(held_out)} held-out puzzles to {args.out_dir}")
+    write_split(args, "knights_knaves", train, held_out, what="puzzles")
 
 
 if __name__ == "__main__":

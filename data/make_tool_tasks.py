@@ -15,10 +15,12 @@ The same seed writes the same bytes, and no held-out question appears in the tra
     python data/make_tool_tasks.py --train-rows 1000 --out-dir /tmp/tasks
 """
 
-import argparse
-import json
 import random
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tasklib.py, next to this script
+from tasklib import check_sizes, split_parser, unique_split, write_split  # noqa: E402
 
 KINDS = ("mul", "div", "mixed")
 NUM_DIGITS = (2, 3, 4)
@@ -63,37 +65,14 @@ def make_task(rng):
 
 def make_tasks(train_rows, eval_rows, seed):
     """Unique questions, shuffled, split into (train, eval) with no question in both."""
-    rng = random.Random(seed)
-    tasks, seen = [], set()
-    while len(tasks) < train_rows + eval_rows:
-        task = make_task(rng)
-        if task["question"] not in seen:
-            seen.add(task["question"])
-            tasks.append(task)
-    rng.shuffle(tasks)
-    return tasks[eval_rows:], tasks[:eval_rows]
-
-
-def write_jsonl(path, rows):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
+    return unique_split(make_task, random.Random(seed), train_rows, eval_rows)
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--train-rows", type=int, default=5_000, help="training rows (default: %(default)s)")
-    parser.add_argument("--eval-rows", type=int, default=500, help="held-out rows (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
-    parser.add_argument("--out-dir", type=Path, default=Path(__file__).parent, help="output folder (default: data/)")
+    parser = split_parser(__doc__, train_rows=5_000, eval_rows=500)
     args = parser.parse_args(argv)
-    if args.train_rows < 1 or args.eval_rows < 0:
-        parser.error("--train-rows must be at least 1 and --eval-rows at least 0")
-    train, held_out = make_tasks(args.train_rows, args.eval_rows, args.seed)
-    write_jsonl(args.out_dir / "tool_tasks.jsonl", train)
-    write_jsonl(args.out_dir / "tool_tasks_eval.jsonl", held_out)
-    print(f"wrote {len(train)} training and {len(held_out)} held-out tasks to {args.out_dir}")
+    check_sizes(parser, args)
+    write_split(args, "tool_tasks", *make_tasks(args.train_rows, args.eval_rows, args.seed))
 
 
 if __name__ == "__main__":

@@ -28,3 +28,24 @@ def test_learning_benchmark_runs(tiny_model_dir, tmp_path):
     assert [step for step, _ in figures["curves"]["eval/accuracy"]] == [0, 1, 2]
     assert 0 <= figures["accuracy_after"] <= 1
     assert (tmp_path / "smoke.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_levers_benchmark_runs(tiny_model_dir, tmp_path):
+    out = tmp_path / "levers.json"
+    result = run_script(ROOT / "benchmarks" / "levers.py", "--model-name", tiny_model_dir, "--steps", "2",
+                        "--max-new-tokens", "8", "--dtype", "float32", "--configs", "default", "full_logits", "--json", out)
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = json.loads(out.read_text())
+    assert list(table) == ["default", "full_logits"]
+    assert all(r["sampling_seconds"] > 0 and r["training_seconds"] > 0 for r in table.values())
+
+
+def test_evaluate_benchmark_runs(tiny_model_dir, tmp_path):
+    out = tmp_path / "evaluate.json"
+    result = run_script(ROOT / "benchmarks" / "evaluate.py", "--model-name", tiny_model_dir, "--eval-prompts", "3",
+                        "--max-length", "8", "--dtype", "float32", "--tasks", "math", "gsm8k", "--json", out)
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = json.loads(out.read_text())
+    assert table["math"]["problems"] == 3 and 0 <= table["math"]["eval/accuracy"] <= 1
+    if not (ROOT / "data" / "gsm8k_test.jsonl").exists():
+        assert "missing" in table["gsm8k"] and "not run" in result.stdout

@@ -1,0 +1,102 @@
+"""Which performance levers pay: experiment_base's step with one lever switched off at a time.
+
+Each configuration runs in its own process (so its peak memory is its own) on the same workload as
+benchmarks/step_time.py (4 prompts x 4 completions x 64 tokens, EOS-only stopping, beta 0 unless
+the configuration says otherwise) and reports the median sampling and training seconds over the
+steps after a warm-up, and peak RSS.
+
+    python benchmarks/levers.py                            # packaged Gemma-3-270M on CPU, every configuration
+    python benchmarks/levers.py --configs default fp32     # some of them
+
+Configurations (each differs from `default` in one thing):
+  default          bfloat16 on CPUs with AMX/AVX512-BF16, inverse-CDF sampling, decoder + output layer on
+                   the last prompt row only, log-probs of action tokens in recomputed chunks, checkpointing
+  fp32             float32 weights and compute
+  multinomial      torch.multinomial instead of inverse-CDF sampling
+  hf_prefill       the prefill through model(..., logits_to_keep=1), as transformers' generate does
+  full_logits      log-probs from one [batch, tokens, vocab] float32 log-softmax over the completion
+  no_checkpointing activations kept instead of recomputed
+  kl               beta = 0.01: one more forward pass, through the reference policy
+"""
+
+import json
+import resource
+import statistics
+import sys
+
+from step_time import check_steps, load_base, project_steps, run_alone, workload, workload_parser, write_json
+
+CONFIGS = ["default", "fp32", "multinomial", "hf_prefill", "full_logits", "no_checkpointing", "kl"]
+
+
+def parse_args(argv=None):
+    p = workload_parser(__doc__, steps=3, only=CONFIGS)
+    p.add_argument("--configs", nargs="+", choices=CONFIGS, default=CONFIGS, help="configurations (default: all)")
+    return check_steps(p, p.parse_args(argv))
+
+
+def switch_off(base, config):
+    """Patch experiment_base so that one lever is off."""
+    torch = base.torch
+    if config == "multinomial":
+        def sample_token(logits, temperature, top_p):
+            if temperature == 0:
+                return logits.argmax(-1)
+            return torch.multinomial(torch.softmax(logits.float() / temperature, -1), 1).squeeze(-1)
+        base.sample_token = sample_token
+    if config == "hf_prefill":  # the model's forward slices the last position itself: a strided [B, 1, H] matmul
+        original = base.output_logits
+        base.output_logits = lambda model, hidden: original(model, hidden.unsqueeze(1)).squeeze(1)
+    if config == "full_logits":
+        def sequence_log_probs(model, input_ids, attention_mask, num_actions=None):
+            position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+            logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                           use_cache=False, logits_to_keep=num_actions + 1).logits[:, :-1].float()
+            log_probs = torch.log_softmax(logits, -1)  # [B, T, V] float32
+            taken = log_probs.gather(-1, input_ids[:, -num_actions:, None]).squeeze(-1)
+            entropy = -(log_probs.exp() * log_probs).sum(-1).detach()
+            mask = attention_mask[:, -num_actions:].bool()
+            return taken.masked_fill(~mask, 0), entropy.masked_fill(~mask, 0)
+        base.sequence_log_probs = sequence_log_probs
+
+
+def run_config(args, config):
+    base = load_base()
+    base.STOP_STRINGS = ()  # EOS only, as in step_time.py
+    switch_off(base, config)
+    path, dtype, device, prompts, answers = workload(args, base)
+    dtype_name = "float32" if config == "fp32" else str(dtype).removeprefix("torch.")
+    options = base.parse_args(["--model-name", path, "--device", device, "--dtype", dtype_name, "--quantization", "none",
+                               "--kl-weight", "0.01" if config == "kl" else "0", "--group-size", str(args.group_size),
+                               "--rollouts-per-step", str(args.prompts), "--max-length", str(args.max_new_tokens),
+                               "--train-batch-size", str(args.prompts * args.group_size)]
+                              + (["--no-gradient-checkpointing"] if config == "no_checkpointing" else []))
+    steps = project_steps(base, options, prompts, answers, args)
+    measured = steps[1:]
+    return {
+        "sampling_seconds": statistics.median(s["sampling_seconds"] for s in measured),
+        "training_seconds": statistics.median(s["seconds"] - s["sampling_seconds"] for s in measured),
+        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+    }
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.only:
+        print("RESULT " + json.dumps(run_config(args, args.only)))
+        return
+    results = {}
+    for config in args.configs:  # each in a fresh process, which ignores --configs when given --only
+        print(f"running {config} ...", flush=True)
+        results[config] = run_alone(__file__, config, argv if argv is not None else sys.argv[1:])
+    print(f"\n{args.prompts} prompts x {args.group_size} completions x {args.max_new_tokens} tokens, model {args.model_name}, "
+          f"median of {args.steps - 1} steps\n")
+    print("| configuration | sampling s | training s | step s | peak RSS GB |\n| --- | --- | --- | --- | --- |")
+    for config, r in results.items():
+        step = r["sampling_seconds"] + r["training_seconds"]
+        print(f"| {config} | {r['sampling_seconds']:.2f} | {r['training_seconds']:.2f} | {step:.2f} | {r['peak_rss_gb']:.2f} |")
+    write_json(args.json, results)
+
+
+if __name__ == "__main__":
+    main()
