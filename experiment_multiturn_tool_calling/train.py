@@ -72,6 +72,7 @@ DEVICE_DEFAULTS = {
     "max_steps": (500, 50),
     "lr": (2e-5, 1e-4),
     "eval_prompts": (200, 20),
+    "generation_batch_size": (256, None),  # None: the whole step
 }
 
 
@@ -137,7 +138,8 @@ def parse_args(argv=None):
     g.add_argument("--group-size", type=int, help="completions sampled per prompt " + device_default("group_size"))
     g.add_argument("--rollouts-per-step", type=int, help="prompts per step " + device_default("rollouts_per_step"))
     g.add_argument("--train-batch-size", type=int, default=16, help="sequences per forward/backward micro-batch")
-    g.add_argument("--generation-batch-size", type=int, default=None, help="sequences sampled at once (default: the whole step)")
+    g.add_argument("--generation-batch-size", type=int, help="sequences sampled at once; their KV cache is the largest "
+                   "part of GPU memory (default: 256 on CUDA, the whole step on CPU)")
     g.add_argument("--epochs-per-step", type=int, default=1, help="optimizer updates per rollout batch")
     g.add_argument("--lr", type=float, help="learning rate " + device_default("lr"))
     g.add_argument("--warmup-steps", type=int, default=0, help="linear learning-rate warm-up")
@@ -288,7 +290,7 @@ def attention_implementation(device):
 def load_model(args):
     """Returns (model, tokenizer). The model is a PeftModel with a LoRA adapter on every linear layer
     unless --no-lora; its reference policy is the same model under `model.disable_adapter()`."""
-    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 
     path = resolve_model_path(args.model_name)
@@ -310,8 +312,10 @@ def load_model(args):
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, quantization_config=quantization,
                                                  attn_implementation=attention_implementation(args.device),
                                                  device_map={"": args.device})
-    if quantization is not None:  # freezes the quantized base and keeps the norms in float32
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    if quantization is not None:
+        # No peft.prepare_model_for_kbit_training: it casts the embeddings and norms to float32, which makes
+        # the residual stream, the KV cache and the saved activations float32 too (measured: twice the
+        # memory). get_peft_model freezes the base, and LoRA's own weights are float32 anyway.
         # bitsandbytes 0.50 on AVX512-BF16 CPUs repacks 4-bit weights for an inference kernel at the first
         # eval-mode forward and keeps them packed; later training forwards then pass no gradient through
         # the frozen weights (measured: every LoRA gradient below the top layer became 0). Keep the layout.

@@ -1,0 +1,157 @@
+"""What fits in 24 GB: GPU memory of experiment_base's default CUDA run, from parts measured on CPU.
+
+Builds the Llama-3.2-1B architecture from its public configuration with random weights (nothing is
+downloaded: memory does not depend on the values), loads it the way experiment_base does on CUDA
+(4-bit NF4 with double quantization, bfloat16 compute, LoRA rank 16 on every linear layer, gradient
+checkpointing), and measures on the CPU:
+
+  * the quantized model's bytes (bitsandbytes' own footprint) and the LoRA parameters;
+  * the KV cache bytes per token, from a real cache after a prefill;
+  * the bytes autograd saves for the backward pass per token, with checkpointing (what the whole
+    forward keeps) and for one decoder layer without it (what the backward pass recomputes at a time),
+    counted exactly with saved-tensor hooks. On CPU, SDPA's math path keeps the attention
+    probabilities, which flash-attention on a GPU does not: the layer figure is an upper bound.
+
+Then arithmetic scales the parts to the run (group 16 x prompts per generation batch, 1024-token
+completions, micro-batches of --train-batch-size) and prints the peak of the sampling phase and of
+the training phase.
+
+    python benchmarks/memory_estimate.py
+    python benchmarks/memory_estimate.py --generation-batch-size 512 --max-length 2048
+    python benchmarks/memory_estimate.py --tiny          # a 2-layer model of the same shape, for a quick check
+"""
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+from step_time import load_base, write_json
+
+# Llama-3.2-1B(-Instruct), from its public config.json
+LLAMA_3_2_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                    num_attention_heads=32, num_key_value_heads=8, head_dim=64, max_position_embeddings=131072,
+                    rope_theta=500000.0, tie_word_embeddings=True, rms_norm_eps=1e-5)
+GB = 2**30
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--group-size", type=int, default=16, help="completions per prompt (default: %(default)s)")
+    p.add_argument("--generation-batch-size", type=int, default=256, help="sequences sampled at once (default: %(default)s)")
+    p.add_argument("--train-batch-size", type=int, default=16, help="sequences per micro-batch (default: %(default)s)")
+    p.add_argument("--prompt-length", type=int, default=160, help="prompt tokens (default: %(default)s)")
+    p.add_argument("--max-length", type=int, default=1024, help="completion budget (default: %(default)s)")
+    p.add_argument("--lora-r", type=int, default=16, help="LoRA rank (default: %(default)s)")
+    p.add_argument("--measure-tokens", type=int, default=256, help="tokens of the CPU measurements (default: %(default)s)")
+    p.add_argument("--tiny", action="store_true", help="2 layers instead of 16 (the per-layer parts scale)")
+    p.add_argument("--json", type=Path, help="also write the parts and totals as JSON here")
+    return p.parse_args(argv)
+
+
+def saved_bytes(function):
+    """Run function() and count the bytes autograd saves for the backward pass (each storage once)."""
+    import torch
+
+    seen, total = set(), 0
+
+    def pack(tensor):
+        nonlocal total
+        key = (tensor.untyped_storage().data_ptr(), tensor.untyped_storage().nbytes())
+        if key not in seen and tensor.device.type == "cpu":
+            seen.add(key)
+            total += key[1]
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        function()
+    return total
+
+
+def measure(args):
+    import torch
+    from tokenizers import Tokenizer, models
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    base = load_base()
+    config = LlamaConfig(**{**LLAMA_3_2_1B, **({"num_hidden_layers": 2} if args.tiny else {})})
+    with tempfile.TemporaryDirectory() as folder:
+        torch.manual_seed(0)
+        LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)  # random weights, the real shapes
+        placeholder = Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>"))  # load_model wants a tokenizer
+        PreTrainedTokenizerFast(tokenizer_object=placeholder, eos_token="<unk>").save_pretrained(folder)
+        options = base.parse_args(["--model-name", folder, "--device", "cpu", "--quantization", "4bit",
+                                   "--dtype", "bfloat16", "--lora-r", str(args.lora_r),
+                                   "--lora-alpha", str(2 * args.lora_r)])
+        model, _ = base.load_model(options)
+    layers = config.num_hidden_layers
+    weights = model.get_memory_footprint()
+    lora = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    ids = torch.randint(0, config.vocab_size, (1, args.measure_tokens))
+    mask = torch.ones_like(ids)
+
+    model.eval()
+    with torch.no_grad():  # KV cache per token, from a real cache
+        cache = base.decoder(model)(input_ids=ids, attention_mask=mask, use_cache=True).past_key_values
+        kv = sum(t.nbytes for layer in cache.layers for t in (layer.keys, layer.values)) / args.measure_tokens
+
+    model.train()  # what the forward keeps for the backward pass, with checkpointing (the default)
+    keep = saved_bytes(lambda: base.sequence_log_probs(model, ids, mask, args.measure_tokens // 2)[0].sum()) / args.measure_tokens
+    layer = base.decoder(model).layers[0]
+    hidden = torch.randn(1, args.measure_tokens, config.hidden_size, dtype=torch.bfloat16, requires_grad=True)
+    positions = torch.arange(args.measure_tokens)[None]
+    rotary = base.decoder(model).rotary_emb(hidden, positions)
+    model.eval()  # checkpointing is off outside training mode: the layer keeps all it needs, as when recomputed
+    recompute = saved_bytes(lambda: layer(hidden, attention_mask=None, position_embeddings=rotary,
+                                          position_ids=positions)) / args.measure_tokens
+    return {"weights": weights, "lora_params": lora, "kv_per_token": kv, "checkpoint_per_token": keep,
+            "layer_recompute_per_token": recompute, "layers": layers, "vocab": config.vocab_size,
+            "measured_layers": layers, "full_layers": LLAMA_3_2_1B["num_hidden_layers"]}
+
+
+def estimate(parts, args):
+    """Scale the measured parts to the run; bytes."""
+    scale = parts["full_layers"] / parts["measured_layers"]  # per-layer parts, when measured on --tiny
+    sequence = args.prompt_length + args.max_length
+    lora = parts["lora_params"] * scale
+    optimizer = lora * (4 + 4 + 2)  # fp32 LoRA weights and gradients, paged 8-bit AdamW's two states
+    vocab = parts["vocab"]
+    sampling = {
+        "weights (4-bit NF4 + bf16 embeddings/norms)": parts["weights"],
+        "LoRA weights, gradients, 8-bit AdamW": optimizer,
+        "KV cache": parts["kv_per_token"] * scale * args.generation_batch_size * sequence,
+        "next-token logits, probabilities, CDF (fp32)": 3 * 4 * args.generation_batch_size * vocab,
+    }
+    tokens = args.train_batch_size * sequence
+    training = {
+        "weights (4-bit NF4 + bf16 embeddings/norms)": parts["weights"],
+        "LoRA weights, gradients, 8-bit AdamW": optimizer,
+        "activations kept by checkpointing": parts["checkpoint_per_token"] * scale * tokens,
+        "one layer recomputed in the backward pass": parts["layer_recompute_per_token"] * tokens,
+        "output-layer chunk (2^24 fp32 logits, softmax, gradient)": 3 * 4 * 2**24,
+    }
+    return {"sampling": sampling, "training": training}
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    parts = measure(args)
+    phases = estimate(parts, args)
+    print(f"\nLlama-3.2-1B, 4-bit NF4 + LoRA r{args.lora_r}, completions of {args.max_length} tokens after "
+          f"{args.prompt_length}-token prompts, {args.generation_batch_size} sequences sampled at once "
+          f"(group {args.group_size}), micro-batches of {args.train_batch_size}\n")
+    print(f"measured on CPU: weights {parts['weights'] / GB:.2f} GB, LoRA {parts['lora_params'] / 1e6:.1f} M parameters, "
+          f"KV cache {parts['kv_per_token'] / 1024:.1f} KiB/token, kept by checkpointing "
+          f"{parts['checkpoint_per_token'] / 1024:.1f} KiB/token, one layer's recompute "
+          f"{parts['layer_recompute_per_token'] / 1024:.1f} KiB/token"
+          + (f" (on {parts['measured_layers']} layers, scaled to {parts['full_layers']})" if args.tiny else "") + "\n")
+    for phase, items in phases.items():
+        print(f"| {phase} | GB |\n| --- | --- |")
+        for name, value in items.items():
+            print(f"| {name} | {value / GB:.2f} |")
+        print(f"| **peak, {phase}** | **{sum(items.values()) / GB:.2f}** |\n")
+    write_json(args.json, {"parts": parts, "phases_gb": {p: {k: v / GB for k, v in i.items()} for p, i in phases.items()}})
+
+
+if __name__ == "__main__":
+    main()
