@@ -49,3 +49,13 @@ def test_evaluate_benchmark_runs(tiny_model_dir, tmp_path):
     assert table["math"]["problems"] == 3 and 0 <= table["math"]["eval/accuracy"] <= 1
     if not (ROOT / "data" / "gsm8k_test.jsonl").exists():
         assert "missing" in table["gsm8k"] and "not run" in result.stdout
+
+
+def test_memory_estimate_runs(tmp_path):
+    out = tmp_path / "memory.json"
+    result = run_script(ROOT / "benchmarks" / "memory_estimate.py", "--tiny", "--measure-tokens", "32", "--json", out)
+    assert result.returncode == 0, result.stderr[-3000:]
+    parts = json.loads(out.read_text())["parts"]
+    # bfloat16 KV cache of 2 layers x (K, V) x 8 heads x 64 dims: 4 KiB per token
+    assert parts["kv_per_token"] == 2 * 2 * 8 * 64 * 2
+    assert 0 < parts["checkpoint_per_token"] < parts["layer_recompute_per_token"]
