@@ -59,3 +59,24 @@ def test_memory_estimate_runs(tmp_path):
     # bfloat16 KV cache of 2 layers x (K, V) x 8 heads x 64 dims: 4 KiB per token
     assert parts["kv_per_token"] == 2 * 2 * 8 * 64 * 2
     assert 0 < parts["checkpoint_per_token"] < parts["layer_recompute_per_token"]
+
+
+def test_plot_runs_compares_runs(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    for run, slope in (("flat", 0.0), ("rising", 0.1)):
+        with SummaryWriter(tmp_path / run) as writer:
+            for step in range(1, 11):
+                writer.add_scalar("rollout/reward_mean", slope * step, step)
+    png, out = tmp_path / "runs.png", tmp_path / "runs.json"
+    result = run_script(ROOT / "benchmarks" / "plot_runs.py", tmp_path / "flat", tmp_path / "rising", "--tags",
+                        "rollout/reward_mean", "--window", "2", "--out", png, "--json", out)
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = json.loads(out.read_text())["table"]
+    assert table["flat"]["rollout/reward_mean"] == [0.0, 0.0]
+    first, last = table["rising"]["rollout/reward_mean"]
+    assert abs(first - 0.15) < 1e-6 and abs(last - 0.95) < 1e-6  # steps 1-2 and 9-10
+    assert "| rising | 10 | 0.15 -> 0.95 |" in result.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    missing = run_script(ROOT / "benchmarks" / "plot_runs.py", tmp_path / "flat", "--tags", "train/kl")
+    assert missing.returncode != 0 and "train/kl" in missing.stderr
