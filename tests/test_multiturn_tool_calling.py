@@ -318,9 +318,10 @@ USER_ONLY_TEMPLATE = (
 
 @pytest.fixture(scope="module")
 def caller_model_dir(tool, tiny_model_dir, tmp_path_factory):
-    """The tiny model after 100 supervised steps on calls '<calculator>12*34</calculator>', half of them written
+    """The tiny model after 200 supervised steps on calls '<calculator>12*34</calculator>', half of them written
     '12x34' instead, which the calculator refuses: it makes calls, and half of them fail. (A random model never
-    spells a 28-character call; a pretrained one has seen the format.)"""
+    spells a 28-character call; a pretrained one has seen the format.) After 100 steps it spelled the tag in
+    full precision but not once in 4-bit ('<calculalator>'): NF4 noise on a hidden-64 model is large."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder = tmp_path_factory.mktemp("tiny-caller")
@@ -329,7 +330,7 @@ def caller_model_dir(tool, tiny_model_dir, tmp_path_factory):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     generator = torch.Generator().manual_seed(0)
-    for _ in range(100):
+    for _ in range(200):
         picks = torch.randint(len(PAIRS), (16,), generator=generator).tolist()
         ops = torch.randint(2, (16,), generator=generator).tolist()
         prompts = tokenizer([tool.format_prompt(tokenizer, "What is {} * {}?".format(*PAIRS[i])) for i in picks],
