@@ -5,9 +5,16 @@ Uses experiment_base's own prompts, sampling loop and reward terms (accuracy = m
     python benchmarks/evaluate.py                                    # packaged Gemma-3-270M, every task, 100 problems
     python benchmarks/evaluate.py --tasks math --checkpoint output/RUN/step_000050
     python benchmarks/evaluate.py --model-name DIR --eval-prompts 20 --max-length 64
+    python benchmarks/evaluate.py --tasks gsm8k --data gsm8k=/tmp/gsm8k/gsm8k_test.jsonl
+    python benchmarks/evaluate.py --tasks math --filter num_terms=2 --filter num_digits=2 --filter ops=+,-,+- --samples 16
 
-A task whose held-out file is missing (GSM8K needs data/prepare_gsm8k.py and the hub) is reported
-as such, not as a failure.
+With --samples K it also samples K completions per problem at temperature 1, as GRPO's rollouts do,
+and reports their accuracy and pass@K (the share of problems with at least one correct completion
+among the K). A problem no completion gets right gives GRPO nothing to reinforce: pass@K at the
+group size bounds how many groups can carry a correctness signal.
+
+A task whose held-out file is missing (GSM8K needs data/prepare_gsm8k.py and the hub, or a local
+copy) is reported as such, not as a failure.
 """
 
 import argparse
@@ -15,6 +22,7 @@ import json
 import sys
 from pathlib import Path
 
+import torch
 from step_time import load_base
 
 TASKS = ["math", "gsm8k", "knights_knaves"]
@@ -28,8 +36,37 @@ def parse_args(argv=None):
     p.add_argument("--eval-prompts", type=int, default=100, help="held-out problems per task (default: %(default)s)")
     p.add_argument("--max-length", type=int, default=256, help="completion budget in tokens (default: %(default)s)")
     p.add_argument("--dtype", default="auto", help="as experiment_base's --dtype (default: %(default)s)")
+    p.add_argument("--data", action="append", default=[], metavar="TASK=PATH",
+                   help="held-out file of a task instead of its default, e.g. gsm8k=/tmp/gsm8k_test.jsonl; repeatable")
+    p.add_argument("--filter", action="append", default=[], metavar="FIELD=V1,V2",
+                   help="as experiment_base's --filter: keep rows whose FIELD is one of the values; repeatable")
+    p.add_argument("--samples", type=int, default=0, help="also sample K completions per problem at temperature 1 "
+                   "and report their accuracy and pass@K (default: 0, greedy only)")
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.samples < 0:
+        p.error(f"--samples must be 0 or more, got {args.samples}")
+    try:
+        args.data = dict(item.split("=", 1) for item in args.data)
+    except ValueError:
+        p.error(f"--data expects TASK=PATH, got {args.data}")
+    unknown = set(args.data) - set(TASKS)
+    if unknown:
+        p.error(f"--data: unknown task {sorted(unknown)} (tasks: {', '.join(TASKS)})")
+    return args
+
+
+@torch.no_grad()
+def sampled(base, model, tokenizer, tasks, options, score, samples):
+    """Accuracy of `samples` completions per problem at temperature 1, and pass@samples."""
+    model.eval()
+    prompts = [base.format_prompt(tokenizer, t["question"], options.task) for t in tasks]
+    result = base.rollout(model, tokenizer, prompts, [t["answer"] for t in tasks], samples, options.max_length,
+                          temperature=1.0, generation_batch_size=options.generation_batch_size, score=score,
+                          metadata=[t["metadata"] for t in tasks])
+    correct = (result.terms["correctness"] == 1).view(len(tasks), samples)
+    return {"sample_accuracy": correct.float().mean().item(), f"pass@{samples}": correct.any(1).float().mean().item(),
+            "sample_format_rate": result.terms["format"].mean().item()}
 
 
 def main(argv=None):
@@ -40,10 +77,11 @@ def main(argv=None):
     for task in args.tasks:
         options = base.parse_args(["--model-name", args.model_name, "--task", task, "--eval-prompts", str(args.eval_prompts),
                                    "--max-length", str(args.max_length), "--dtype", args.dtype])
-        if not Path(options.eval_data_path).is_file():
-            results[task] = {"missing": options.eval_data_path}
+        path = args.data.get(task, options.eval_data_path)
+        if not Path(path).is_file():
+            results[task] = {"missing": path}
             continue
-        tasks = base.load_tasks(options.eval_data_path, max_rows=args.eval_prompts)
+        tasks = base.load_tasks(path, filters=args.filter, max_rows=args.eval_prompts)
         if model is None:
             model, tokenizer = base.load_model(options)
             if args.checkpoint:
@@ -53,15 +91,20 @@ def main(argv=None):
                 set_peft_model_state_dict(model, load_file(args.checkpoint / "adapter_model.safetensors"))
         score = base.Scorer(task=task)
         results[task] = {**base.evaluate(model, tokenizer, tasks, options, score), "problems": len(tasks)}
+        if args.samples:
+            results[task].update(sampled(base, model, tokenizer, tasks, options, score, args.samples))
         print(f"{task}: {results[task]}", flush=True)
     name = args.model_name + (f" + {args.checkpoint}" if args.checkpoint else "")
-    print(f"\n{name}, greedy, up to {args.max_length} tokens\n")
-    print("| task | problems | accuracy | format rate |\n| --- | --- | --- | --- |")
+    k = args.samples
+    print(f"\n{name}, greedy" + (f" and {k} samples at temperature 1" if k else "") + f", up to {args.max_length} tokens\n")
+    head = "| task | problems | accuracy | format rate |" + (f" sampled accuracy | pass@{k} |" if k else "")
+    print(head + "\n|" + " --- |" * head.count(" |"))
     for task, r in results.items():
         if "missing" in r:
-            print(f"| {task} | - | not run: {r['missing']} is missing | |")
+            print(f"| {task} | - | not run: {r['missing']} is missing | |" + " |" * (2 if k else 0))
         else:
-            print(f"| {task} | {r['problems']} | {r['eval/accuracy']:.0%} | {r['eval/format_rate']:.0%} |")
+            row = f"| {task} | {r['problems']} | {r['eval/accuracy']:.0%} | {r['eval/format_rate']:.0%} |"
+            print(row + (f" {r['sample_accuracy']:.1%} | {r[f'pass@{k}']:.0%} |" if k else ""))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2))

@@ -22,7 +22,6 @@ the training phase.
 """
 
 import argparse
-import json
 import tempfile
 from pathlib import Path
 

@@ -10,12 +10,11 @@ question appears in the training file.
     python data/make_math_tasks.py --train-rows 1000 --out-dir /tmp/tasks
 """
 
-import random
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tasklib.py, next to this script
-from tasklib import check_sizes, split_parser, unique_split, write_split  # noqa: E402
+from tasklib import generate  # noqa: E402
 
 OPERATORS = "+-*"
 NUM_TERMS = (2, 3, 4)
@@ -49,16 +48,8 @@ def make_task(rng):
     }
 
 
-def make_tasks(train_rows, eval_rows, seed):
-    """Unique questions, shuffled, split into (train, eval) with no question in both."""
-    return unique_split(make_task, random.Random(seed), train_rows, eval_rows)
-
-
 def main(argv=None):
-    parser = split_parser(__doc__, train_rows=50_000, eval_rows=2_000)
-    args = parser.parse_args(argv)
-    check_sizes(parser, args)
-    write_split(args, "math_tasks", *make_tasks(args.train_rows, args.eval_rows, args.seed))
+    generate(__doc__, "math_tasks", make_task, train_rows=50_000, eval_rows=2_000, argv=argv)
 
 
 if __name__ == "__main__":

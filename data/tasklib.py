@@ -3,6 +3,7 @@ and the command line (sizes, seed, output folder). Imported by data/make_*.py, w
 
 import argparse
 import json
+import random
 from pathlib import Path
 
 DATA = Path(__file__).resolve().parent
@@ -48,3 +49,12 @@ def write_split(args, name, train, held_out, what="tasks"):
     write_jsonl(args.out_dir / f"{name}.jsonl", train)
     write_jsonl(args.out_dir / f"{name}_eval.jsonl", held_out)
     print(f"wrote {len(train)} training and {len(held_out)} held-out {what} to {args.out_dir}")
+
+
+def generate(description, name, make_task, train_rows, eval_rows, argv=None):
+    """The whole command of a generator whose tasks are drawn one at a time by make_task(rng): parse the
+    options, draw a unique-question split with the seed, write NAME.jsonl and NAME_eval.jsonl."""
+    parser = split_parser(description, train_rows=train_rows, eval_rows=eval_rows)
+    args = parser.parse_args(argv)
+    check_sizes(parser, args)
+    write_split(args, name, *unique_split(make_task, random.Random(args.seed), args.train_rows, args.eval_rows))

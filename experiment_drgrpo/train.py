@@ -182,6 +182,9 @@ def parse_args(argv=None):
     g.add_argument("--kl-weight", type=float, default=0.01, help="beta, weight of the k3 KL to the reference policy "
                    "(reinforce_pp: of the KL in the per-token reward); 0 skips the reference forward "
                    "(default: 0.01; 0 with the drgrpo and dapo presets)")
+    g.add_argument("--log-kl", action="store_true", help="measure and log train/kl even when --kl-weight is 0, to "
+                   "compare how far each algorithm moves from pi_ref: one more forward pass per step, adapter off "
+                   "(default: off, and with --kl-weight 0 train/kl is not logged)")
     g.add_argument("--clip-eps", type=float, default=0.2, help="PPO clip range: ratio kept within [1-eps, 1+eps]")
     g.add_argument("--clip-eps-low", type=float, help="lower clip range: ratio kept >= 1 - eps_low (default: --clip-eps)")
     g.add_argument("--clip-eps-high", type=float, help="upper clip range: ratio kept <= 1 + eps_high; DAPO's clip-higher "
@@ -802,7 +805,7 @@ def sample(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, te
 
 def ends_with_stop_string(tokenizer, tokens, finished):
     """True for running sequences whose last tokens spell one of STOP_STRINGS (a token holds one character or more)."""
-    tail = torch.stack(tokens[-max(map(len, STOP_STRINGS)):], dim=1)
+    tail = torch.stack(tokens[-max(map(len, STOP_STRINGS), default=1):], dim=1)
     running = (~finished).nonzero().flatten().tolist()
     hit = torch.zeros_like(finished)
     for row, text in zip(running, tokenizer.batch_decode(tail[running])):
@@ -1205,7 +1208,7 @@ def train_step(model, batch, args, optimizer, reference=None):
     micro_batches = torch.arange(n).split(args.train_batch_size)
 
     ref_log_probs = None
-    if args.kl_weight > 0:  # pi_ref, once per rollout; skipped entirely when beta = 0
+    if args.kl_weight > 0 or args.log_kl:  # pi_ref, once per rollout; skipped entirely when beta = 0 (unless --log-kl)
         ref_log_probs = torch.zeros(n, num_actions, device=ids.device)
         with torch.no_grad(), reference_policy(model, reference) as ref_model:
             for idx in micro_batches:
@@ -1245,6 +1248,8 @@ def train_step(model, batch, args, optimizer, reference=None):
         grad_norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
         optimizer.step()
     totals["grad_norm"] = grad_norm.item()
+    if ref_log_probs is None:
+        del totals["kl"]  # not measured (no reference pass): log nothing rather than a 0
     return totals
 
 
@@ -1288,7 +1293,7 @@ def run(args):
     model, tokenizer = load_model(args)
     optimizer = make_optimizer(model, args)
     reference = None
-    if not args.lora and args.kl_weight > 0:  # full fine-tuning: a frozen copy is the only way to keep pi_ref
+    if not args.lora and (args.kl_weight > 0 or args.log_kl):  # full fine-tuning: a frozen copy is the only way to keep pi_ref
         reference = copy.deepcopy(model).eval().requires_grad_(False)
     # linear warm-up, then constant: lr_t = lr * min(1, (t + 1) / (warmup + 1))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: min(1.0, (t + 1) / (args.warmup_steps + 1)))

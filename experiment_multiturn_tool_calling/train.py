@@ -833,7 +833,7 @@ def sample(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, te
 
 def ends_with_stop_string(tokenizer, tokens, finished):
     """True for running sequences whose last tokens spell one of STOP_STRINGS (a token holds one character or more)."""
-    tail = torch.stack(tokens[-max(map(len, STOP_STRINGS)):], dim=1)
+    tail = torch.stack(tokens[-max(map(len, STOP_STRINGS), default=1):], dim=1)
     running = (~finished).nonzero().flatten().tolist()
     hit = torch.zeros_like(finished)
     for row, text in zip(running, tokenizer.batch_decode(tail[running])):

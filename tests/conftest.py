@@ -83,13 +83,39 @@ def task_experiment(request):
     return load_experiment(request.param)
 
 
+def load_tiny(module, model_dir):
+    """(module, model, tokenizer): the tiny model loaded by the module's own load_model, float32, LoRA rank 8."""
+    args = module.parse_args(["--model-name", str(model_dir), "--device", "cpu", "--quantization", "none",
+                              "--dtype", "float32", "--lora-r", "8"])
+    model, tokenizer = module.load_model(args)
+    return module, model, tokenizer
+
+
 @pytest.fixture
 def tiny(experiment, tiny_model_dir):
     """(module, model, tokenizer): the tiny model loaded by the experiment's own load_model, in float32."""
-    args = experiment.parse_args(["--model-name", str(tiny_model_dir), "--device", "cpu", "--quantization", "none",
-                                  "--dtype", "float32", "--lora-r", "8"])
-    model, tokenizer = experiment.load_model(args)
-    return experiment, model, tokenizer
+    return load_tiny(experiment, tiny_model_dir)
+
+
+def seven_reward(completion, answer, *args, **kwargs):
+    """Reward terms whose correctness is the fraction of the completion's characters that are '7': about 1%
+    for the untrained model, a task it can learn within seconds."""
+    return {"correctness": completion.count("7") / max(1, len(completion)), "format": 0.0, "reasoning": 0.0}
+
+
+def learn_sevens(module, model_dir, tmp_path, monkeypatch, steps, *options):
+    """Train the tiny model with module.main on seven_reward for `steps` steps; returns the reward of each step."""
+    monkeypatch.setattr(module, "reward_terms", seven_reward)
+    data = write_jsonl(tmp_path / "tasks.jsonl", [{"question": f"Say something {i}", "answer": "7"} for i in range(64)])
+    module.main([
+        "--model-name", str(model_dir), "--device", "cpu", "--dtype", "float32", "--data-path", str(data),
+        "--max-steps", str(steps), "--group-size", "8", "--rollouts-per-step", "4", "--max-length", "8", "--lr", "3e-2",
+        "--seed", "1", "--eval-interval", "0", "--checkpoint-interval", "0", "--log-completions-interval", "0",
+        "--log-dir", str(tmp_path / "runs"), "--checkpoint-path", str(tmp_path / "out"), "--run-name", "learn", *options,
+    ])
+    rewards = [value for _, value in sorted(tensorboard_scalars(tmp_path / "runs")["rollout/reward_mean"])]
+    assert len(rewards) == steps
+    return rewards
 
 
 def write_jsonl(path, rows):

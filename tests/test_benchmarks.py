@@ -3,7 +3,7 @@ them for real; their figures are in README.md)."""
 
 import json
 
-from conftest import ROOT, run_script
+from conftest import ROOT, run_script, write_jsonl
 
 
 def test_step_time_benchmark_runs(tiny_model_dir, tmp_path):
@@ -49,6 +49,22 @@ def test_evaluate_benchmark_runs(tiny_model_dir, tmp_path):
     assert table["math"]["problems"] == 3 and 0 <= table["math"]["eval/accuracy"] <= 1
     if not (ROOT / "data" / "gsm8k_test.jsonl").exists():
         assert "missing" in table["gsm8k"] and "not run" in result.stdout
+
+
+def test_evaluate_samples_filter_and_data(tiny_model_dir, tmp_path):
+    rows = [{"question": f"What is {i} + 1?", "answer": str(i + 1), "kind": "easy" if i % 3 else "hard"} for i in range(9)]
+    data = write_jsonl(tmp_path / "held_out.jsonl", rows)
+    out = tmp_path / "evaluate.json"
+    result = run_script(ROOT / "benchmarks" / "evaluate.py", "--model-name", tiny_model_dir, "--tasks", "gsm8k",
+                        "--data", f"gsm8k={data}", "--filter", "kind=easy", "--samples", "3", "--max-length", "6",
+                        "--dtype", "float32", "--json", out)
+    assert result.returncode == 0, result.stderr[-3000:]
+    gsm8k = json.loads(out.read_text())["gsm8k"]
+    assert gsm8k["problems"] == 6  # the 'easy' rows of the file given with --data, not data/gsm8k_test.jsonl
+    assert 0 <= gsm8k["sample_accuracy"] <= gsm8k["pass@3"] <= 1
+    assert "| sampled accuracy | pass@3 |" in result.stdout
+    bad = run_script(ROOT / "benchmarks" / "evaluate.py", "--data", "poetry=x.jsonl")
+    assert bad.returncode != 0 and "unknown task" in bad.stderr
 
 
 def test_memory_estimate_runs(tmp_path):

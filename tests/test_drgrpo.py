@@ -8,8 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import ROOT, load_experiment, run_script, tensorboard_scalars, write_jsonl
-from test_learning import seven_reward
+from conftest import ROOT, learn_sevens, load_experiment, run_script, tensorboard_scalars, write_jsonl
 
 NAME = "experiment_drgrpo"
 ALGORITHMS = ["grpo", "drgrpo", "dapo", "reinforce_pp"]
@@ -318,17 +317,8 @@ def test_help_lists_what_each_preset_sets(drgrpo, capsys):
     ("reinforce_pp", ["--kl-weight", "0.001"]),  # beta 0.01 * KL summed over 8 tokens outweighs the tiny first rewards
 ], ids=ALGORITHMS)
 def test_each_algorithm_raises_reward(drgrpo, tiny_model_dir, tmp_path, monkeypatch, algorithm, extra):
-    monkeypatch.setattr(drgrpo, "reward_terms", seven_reward)
-    data = write_jsonl(tmp_path / "tasks.jsonl", [{"question": f"Say something {i}", "answer": "7"} for i in range(64)])
-    drgrpo.main([
-        "--model-name", str(tiny_model_dir), "--device", "cpu", "--quantization", "none", "--dtype", "float32",
-        "--data-path", str(data), "--max-steps", "14", "--group-size", "8", "--rollouts-per-step", "4",
-        "--max-length", "8", "--lr", "3e-2", "--seed", "1", "--eval-interval", "0", "--algorithm", algorithm, *extra,
-        "--checkpoint-interval", "0", "--log-completions-interval", "0",
-        "--log-dir", str(tmp_path / "runs"), "--checkpoint-path", str(tmp_path / "out"), "--run-name", "learn",
-    ])
-    rewards = [value for _, value in sorted(tensorboard_scalars(tmp_path / "runs")["rollout/reward_mean"])]
-    assert len(rewards) == 14
+    rewards = learn_sevens(drgrpo, tiny_model_dir, tmp_path, monkeypatch, 14, "--quantization", "none",
+                           "--algorithm", algorithm, *extra)
     start, end = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     assert start < 0.1 and end > 0.6, f"{algorithm}: reward did not rise: {[round(r, 2) for r in rewards]}"
 
@@ -356,3 +346,18 @@ def test_two_steps_end_to_end(algorithm, tiny_model_dir, tmp_path):
     if algorithm == "dapo":  # the over-long penalty is a reward term of its own
         assert "rollout/reward_overlong" in scalars
     assert (tmp_path / "out" / "e2e" / "step_000002" / "training_state.pt").is_file()
+
+
+@pytest.mark.parametrize("log_kl", [False, True], ids=["beta0", "beta0-log-kl"])
+def test_kl_is_logged_only_when_measured(drgrpo, tiny_model_dir, tmp_path, monkeypatch, log_kl):
+    """The drgrpo preset has beta = 0, so there is no reference pass: train/kl is absent rather than a made-up 0.
+    --log-kl runs the reference pass for the log alone: a real KL, above 0 once an update has moved the policy."""
+    learn_sevens(drgrpo, tiny_model_dir, tmp_path, monkeypatch, 2, "--quantization", "none", "--algorithm", "drgrpo",
+                 "--epochs-per-step", "2", *(["--log-kl"] if log_kl else []))
+    scalars = tensorboard_scalars(tmp_path / "runs")
+    assert "train/loss" in scalars
+    if log_kl:
+        assert sorted(step for step, _ in scalars["train/kl"]) == [1, 2]
+        assert all(value >= 0 for _, value in scalars["train/kl"]) and max(scalars["train/kl"])[1] > 0
+    else:
+        assert "train/kl" not in scalars

@@ -9,8 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import ROOT, TASK_EXPERIMENTS, run_script, tensorboard_scalars, write_jsonl
-from test_learning import seven_reward
+from conftest import ROOT, TASK_EXPERIMENTS, run_script, seven_reward, tensorboard_scalars, write_jsonl
 
 LOGGED = {
     "rollout/reward_mean", "rollout/reward_std", "rollout/reward_min", "rollout/reward_max", "rollout/format_rate",

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import conftest
-from conftest import ROOT, load_experiment, run_script, tensorboard_scalars, write_jsonl
+from conftest import ROOT, load_experiment, load_tiny, run_script, tensorboard_scalars, write_jsonl
 
 NAME = "experiment_multiturn_qa"
 SCRIPT = ROOT / NAME / "train.py"
@@ -25,11 +25,9 @@ def qa():
 @pytest.fixture
 def tiny_qa(qa, tiny_model_dir):
     """(module, model, tokenizer): the tiny model, float32, loaded by the experiment's own load_model."""
-    args = qa.parse_args(["--model-name", str(tiny_model_dir), "--device", "cpu", "--quantization", "none",
-                          "--dtype", "float32", "--lora-r", "8"])
-    model, tokenizer = qa.load_model(args)
+    module, model, tokenizer = load_tiny(qa, tiny_model_dir)
     model.eval()
-    return qa, model, tokenizer
+    return module, model, tokenizer
 
 
 @pytest.fixture

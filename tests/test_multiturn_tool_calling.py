@@ -6,7 +6,7 @@ import types
 import pytest
 import torch
 
-from conftest import ROOT, load_experiment, run_script, tensorboard_scalars, write_jsonl
+from conftest import ROOT, load_experiment, load_tiny, run_script, tensorboard_scalars, write_jsonl
 
 NAME = "experiment_multiturn_tool_calling"
 SCRIPT = ROOT / NAME / "train.py"
@@ -20,11 +20,9 @@ def tool():
 @pytest.fixture(scope="module")
 def tiny_tool(tool, tiny_model_dir):
     """(module, model, tokenizer): the tiny model loaded by the experiment's own load_model, in float32."""
-    args = tool.parse_args(["--model-name", str(tiny_model_dir), "--device", "cpu", "--quantization", "none",
-                            "--dtype", "float32", "--lora-r", "8"])
-    model, tokenizer = tool.load_model(args)
+    module, model, tokenizer = load_tiny(tool, tiny_model_dir)
     model.eval()
-    return tool, model, tokenizer
+    return module, model, tokenizer
 
 
 # ----------------------------------------------------------------------------------------------
