@@ -7,6 +7,7 @@ chat template, so prompts are formatted the way an instruct model's would be.
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,13 @@ CHARS = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,:
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+# A chat template that shows the user's turn only: prompts of 30 tokens instead of 500 (the system prompt), for
+# the fixtures that teach the tiny model a tool call; it makes their tests about ten times faster.
+USER_ONLY_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] != 'system' %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 
 os.environ.setdefault("WANDB_MODE", "offline")
@@ -140,3 +148,24 @@ def tensorboard_scalars(log_dir):
         for tag in accumulator.Tags()["scalars"]:
             scalars.setdefault(tag, []).extend((e.step, e.value) for e in accumulator.Scalars(tag))
     return scalars
+
+
+def write_pdf(path, pages):
+    """A minimal valid PDF, one page per list of text lines (built-in Helvetica), whose text pypdf extracts."""
+    objects = ["<< /Type /Catalog /Pages 2 0 R >>",
+               f"<< /Type /Pages /Kids [{' '.join(f'{4 + 2 * i} 0 R' for i in range(len(pages)))}] "
+               f"/Count {len(pages)} >>",
+               "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>"]
+    for i, lines in enumerate(pages):  # a page object, then its content stream: one text line after another
+        text = " T* ".join("(" + re.sub(r"([\\()])", r"\\\1", line) + ") Tj" for line in lines)
+        stream = f"BT /F1 11 Tf 14 TL 72 720 Td {text} ET"
+        objects += [f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /Font << /F1 3 0 R >> >> "
+                    f"/Contents {5 + 2 * i} 0 R >>", f"<< /Length {len(stream)} >>\nstream\n{stream}\nendstream"]
+    out, offsets = "%PDF-1.4\n", []
+    for number, body in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += f"{number} 0 obj\n{body}\nendobj\n"
+    xref = len(out)  # the cross-reference table: byte offset of every object
+    out += f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n" + "".join(f"{o:010d} 00000 n \n" for o in offsets)
+    out += f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n"
+    Path(path).write_bytes(out.encode("latin-1"))

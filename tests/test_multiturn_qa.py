@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import conftest
-from conftest import ROOT, load_experiment, load_tiny, run_script, tensorboard_scalars, write_jsonl
+from conftest import (ROOT, USER_ONLY_TEMPLATE, load_experiment, load_tiny, run_script, tensorboard_scalars, write_jsonl,
+                      write_pdf)
 
 NAME = "experiment_multiturn_qa"
 SCRIPT = ROOT / NAME / "train.py"
@@ -304,22 +305,56 @@ LOGGED = {
 }
 
 
-def test_two_steps_end_to_end(tiny_model_dir, corpus, tmp_path):
-    rows = [{"question": f"In which region is Brio? ({i})", "answer": "Miogriarary", "hops": 1} for i in range(6)]
-    data = write_jsonl(tmp_path / "q.jsonl", rows)
-    result = run_script(SCRIPT, "--model-name", tiny_model_dir, "--device", "cpu", "--quantization", "4bit",
+E2E_ROWS = [{"question": f"Who built the ferry of Brio? ({i})", "answer": "Orrin Quade", "hops": 1} for i in range(6)]
+
+
+@pytest.fixture(scope="module")
+def searcher_model_dir(qa, tiny_search_model_dir, tmp_path_factory):
+    """The tiny search model after 100 supervised steps on the turn '<search>Brio</search>' (its prompts show the user's
+    turn only): it searches from the first step, in 4-bit too, as a pretrained model that has seen the format would."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = tmp_path_factory.mktemp("tiny-searcher")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_search_model_dir, padding_side="left")
+    tokenizer.chat_template = USER_ONLY_TEMPLATE
+    model = AutoModelForCausalLM.from_pretrained(tiny_search_model_dir, dtype=torch.float32)
+    prompts = tokenizer([qa.format_prompt(tokenizer, row["question"]) for row in E2E_ROWS], return_tensors="pt",
+                        padding=True)
+    call = tokenizer(["<search>Brio</search>"] * len(E2E_ROWS), return_tensors="pt", add_special_tokens=False)
+    ids = torch.cat([prompts.input_ids, call.input_ids], 1)
+    mask = torch.cat([prompts.attention_mask, call.attention_mask], 1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(100):
+        log_probs, _ = qa.sequence_log_probs(model, ids, mask, call.input_ids.shape[1])
+        loss = -log_probs.mean()  # cross-entropy on the call only
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_two_steps_end_to_end(searcher_model_dir, corpus, tmp_path):
+    """A fresh process as a user starts it, in 4-bit with LoRA, over a --corpus-dir of markdown, text and a PDF: the
+    answer is only in the PDF, so a retrieval recall above 0 shows its text was indexed and shown to the model."""
+    write_pdf(corpus / "ferries.pdf", [["The ferry of Brio was built by Orrin Quade in 1931."]])
+    data = write_jsonl(tmp_path / "q.jsonl", E2E_ROWS)
+    result = run_script(SCRIPT, "--model-name", searcher_model_dir, "--device", "cpu", "--quantization", "4bit",
                         "--dtype", "float32", "--data-path", data, "--eval-data-path", data, "--eval-prompts", 2,
                         "--corpus-dir", corpus, "--retriever", "bm25", "--top-k", 2, "--max-turns", 2,
                         "--group-size", 4, "--rollouts-per-step", 2, "--max-length", 12, "--max-steps", 2,
                         "--eval-interval", 1, "--log-completions-interval", 1, "--lr", "1e-2", "--run-name", "e2e",
                         "--log-dir", tmp_path / "runs", "--checkpoint-path", tmp_path / "out")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "bm25 index of 3 passages" in result.stdout
+    assert "bm25 index of 4 passages" in result.stdout  # brio.md, yeiv.md, notes.txt and the PDF's page
     scalars = tensorboard_scalars(tmp_path / "runs" / "e2e")
     assert LOGGED <= set(scalars), f"missing tags: {LOGGED - set(scalars)}"
     assert sorted(step for step, _ in scalars["train/loss"]) == [1, 2]
     assert sorted(step for step, _ in scalars["eval/accuracy"]) == [0, 1, 2]
-    assert all(value >= 1 for _, value in scalars["rollout/turns_per_episode"])
+    for tag in ("rollout/searches_per_episode", "rollout/information_tokens", "rollout/retrieval_recall"):
+        assert all(value > 0 for _, value in scalars[tag]), (tag, scalars[tag])  # searched, and found the PDF
+    assert all(value > 1 for _, value in scalars["rollout/turns_per_episode"])  # passages, then another turn
     checkpoint = tmp_path / "out" / "e2e" / "step_000002"
     assert (checkpoint / "adapter_model.safetensors").is_file() and (checkpoint / "training_state.pt").is_file()
 

@@ -6,7 +6,7 @@ import types
 import pytest
 import torch
 
-from conftest import ROOT, load_experiment, load_tiny, run_script, tensorboard_scalars, write_jsonl
+from conftest import ROOT, USER_ONLY_TEMPLATE, load_experiment, load_tiny, run_script, tensorboard_scalars, write_jsonl
 
 NAME = "experiment_multiturn_tool_calling"
 SCRIPT = ROOT / NAME / "train.py"
@@ -306,14 +306,6 @@ def test_options_and_bad_values(tool, capsys):
 # ----------------------------------------------------------------------------------------------
 
 PAIRS = [(a, b) for a in range(10, 40) for b in range(10, 40)]
-# The caller model's chat template shows the user's turn only: prompts of 30 tokens instead of 500 (the system
-# prompt), which makes the learning test and the run below ten times faster.
-USER_ONLY_TEMPLATE = (
-    "{% for m in messages %}{% if m['role'] != 'system' %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endif %}"
-    "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
-
-
 @pytest.fixture(scope="module")
 def caller_model_dir(tool, tiny_model_dir, tmp_path_factory):
     """The tiny model after 200 supervised steps on calls '<calculator>12*34</calculator>', half of them written

@@ -5,10 +5,9 @@ import json
 import random
 import re
 import time
-from pathlib import Path
 
 import pytest
-from conftest import ROOT, run_script
+from conftest import ROOT, run_script, write_pdf
 
 GENERATOR = ROOT / "data" / "make_qa_corpus.py"
 SEARCH = ROOT / "experiment_multiturn_qa" / "search.py"
@@ -35,27 +34,6 @@ def file_bytes(folder):
 
 def contains(text, answer):  # whole words: "1893" is not inside "18930"
     return re.search(r"(?<!\w)" + re.escape(answer) + r"(?!\w)", text) is not None
-
-
-def write_pdf(path, pages):
-    """A minimal valid PDF, one page per list of text lines (built-in Helvetica), whose text pypdf extracts."""
-    objects = ["<< /Type /Catalog /Pages 2 0 R >>",
-               f"<< /Type /Pages /Kids [{' '.join(f'{4 + 2 * i} 0 R' for i in range(len(pages)))}] "
-               f"/Count {len(pages)} >>",
-               "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>"]
-    for i, lines in enumerate(pages):  # a page object, then its content stream: one text line after another
-        text = " T* ".join("(" + re.sub(r"([\\()])", r"\\\1", line) + ") Tj" for line in lines)
-        stream = f"BT /F1 11 Tf 14 TL 72 720 Td {text} ET"
-        objects += [f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /Font << /F1 3 0 R >> >> "
-                    f"/Contents {5 + 2 * i} 0 R >>", f"<< /Length {len(stream)} >>\nstream\n{stream}\nendstream"]
-    out, offsets = "%PDF-1.4\n", []
-    for number, body in enumerate(objects, 1):
-        offsets.append(len(out))
-        out += f"{number} 0 obj\n{body}\nendobj\n"
-    xref = len(out)  # the cross-reference table: byte offset of every object
-    out += f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n" + "".join(f"{o:010d} 00000 n \n" for o in offsets)
-    out += f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n"
-    Path(path).write_bytes(out.encode("latin-1"))
 
 
 @pytest.fixture(scope="module")
