@@ -978,18 +978,20 @@ def token_log_probs(model, hidden, actions):
     return log_probs, entropy
 
 
-def sequence_log_probs(model, input_ids, attention_mask, num_actions=None):
-    """Per-token log-probs [B, T] of the last T = num_actions tokens (the completion), and the policy's
-    entropy at each of them. Masked positions hold 0.
+def sequence_log_probs(model, input_ids, attention_mask, num_actions=None, action_mask=None):
+    """Per-token log-probs [B, T] of the last T = num_actions tokens (the episode), and the policy's
+    entropy at each of them, where action_mask [B, T] is 1 (default: wherever the attention mask is).
+    Masked positions hold 0.
 
-    Only the action tokens reach the output layer (not the prompt, not the padding after EOS), in
+    Only the action tokens reach the output layer (not the prompt, not the tool results, which the
+    decoder reads but the model did not choose, not the padding after EOS), in
     chunks of at most LOGITS_CHUNK_ELEMENTS logits, each recomputed in the backward pass instead of
     stored: there is never a [batch, tokens, vocab] float32 tensor."""
     num_actions = num_actions or input_ids.shape[1] - 1
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     hidden = decoder(model)(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                             use_cache=False).last_hidden_state
-    action_mask = attention_mask[:, -num_actions:].bool()
+    action_mask = (attention_mask[:, -num_actions:] if action_mask is None else action_mask).bool()
     hidden = hidden[:, -num_actions - 1 : -1][action_mask]  # [N, H]: the state before token t predicts token t
     actions = input_ids[:, -num_actions:][action_mask]  # [N]
     chunk = max(1, LOGITS_CHUNK_ELEMENTS // model.config.vocab_size)  # rows per chunk
@@ -1206,7 +1208,7 @@ def train_step(model, batch, args, optimizer, reference=None):
         ref_log_probs = torch.zeros(n, num_actions, device=ids.device)
         with torch.no_grad(), reference_policy(model, reference) as ref_model:
             for idx in micro_batches:
-                ref_log_probs[idx] = sequence_log_probs(ref_model, ids[idx], attention[idx], num_actions)[0]
+                ref_log_probs[idx] = sequence_log_probs(ref_model, ids[idx], attention[idx], num_actions, action_mask[idx])[0]
 
     old_log_probs = torch.zeros(n, num_actions, device=ids.device)
     totals = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0}
@@ -1214,7 +1216,7 @@ def train_step(model, batch, args, optimizer, reference=None):
     for epoch in range(args.epochs_per_step):
         optimizer.zero_grad(set_to_none=True)
         for idx in micro_batches:
-            log_probs, entropy = sequence_log_probs(model, ids[idx], attention[idx], num_actions)
+            log_probs, entropy = sequence_log_probs(model, ids[idx], attention[idx], num_actions, action_mask[idx])
             if epoch == 0:  # pi_old is pi_theta before the first update: recorded here, no extra forward pass
                 old_log_probs[idx] = log_probs.detach()
             loss, stats = grpo_loss(log_probs, old_log_probs[idx], advantages[idx], action_mask[idx], args.clip_eps,

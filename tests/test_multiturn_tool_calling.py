@@ -221,11 +221,13 @@ def test_two_call_episode_masks_token_by_token(tiny_tool, monkeypatch):
     assert result.terms["tool"].tolist() == [1.0, 0.0]  # calls that ran: 2 of 2, 0 of 1
 
     # Training sees what sampling saw: the log-probs that sequence_log_probs computes at the action positions
-    # of the assembled rows (results in the context, left padding, positions) equal the sampler's, token by token.
-    log_probs, _ = tool.sequence_log_probs(model, result.sequence_ids, result.attention_mask, width)
+    # of the assembled rows (results in the context, left padding, positions) equal the sampler's, token by token,
+    # and the tool results never reach the output layer: 0 there, as training calls it (with the action mask).
+    log_probs, _ = tool.sequence_log_probs(model, result.sequence_ids, result.attention_mask, width, result.action_mask)
     for row in range(2):
         ours = log_probs[row][result.action_mask[row].bool()]
         assert torch.allclose(ours, torch.tensor(chosen_log_probs[row]), atol=1e-4)
+    assert (log_probs[~result.action_mask.bool()] == 0).all()
 
 
 def test_call_limit_and_budget_end_episodes(tiny_tool, monkeypatch):
