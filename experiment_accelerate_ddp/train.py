@@ -1105,7 +1105,7 @@ def train_step(policy, batch, args, optimizer, accelerator, total, reference=Non
         optimizer.step()
     summed = accelerator.reduce(torch.tensor(list(totals.values()), device=ids.device), "sum")
     totals = dict(zip(totals, summed.tolist()))
-    totals["grad_norm"] = grad_norm.item()
+    totals["grad_norm"] = float("nan") if grad_norm is None else float(grad_norm)  # DeepSpeed gives a float or None
     return totals
 
 
@@ -1170,6 +1170,8 @@ def run(args):
         reference = copy.deepcopy(model).eval().requires_grad_(False)
     # linear warm-up, then constant: lr_t = lr * min(1, (t + 1) / (warmup + 1))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: min(1.0, (t + 1) / (args.warmup_steps + 1)))
+    if accelerator.distributed_type == "DEEPSPEED":  # no DataLoader goes through prepare to tell DeepSpeed its batch
+        accelerator.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = args.train_batch_size
     # DDP wraps the training forward (PolicyLogProbs); `model` stays the unwrapped one, for sampling and evaluation
     policy, optimizer = accelerator.prepare(PolicyLogProbs(model), optimizer)
     accelerator.register_for_checkpointing(scheduler)  # not prepared: it steps once per training step, as in experiment_base
