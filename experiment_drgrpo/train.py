@@ -504,6 +504,7 @@ def format_prompt(tokenizer, question, task="math", reasoning_format="think"):
 DEFAULT_REWARD_WEIGHTS = "correctness=1,format=0.1,reasoning=0.1"
 REWARD_TERMS = ("correctness", "format", "reasoning", "custom", "remote")
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
+ROLE_CLAIM = re.compile(r"\b[A-Z][a-z]+(?:\s+is(?:\s+not)?\s+an?|\s*:)\s+(?i:knight|knave)\b")  # 'Zoey is a knight', 'Ethan: knave'
 
 
 class RewardError(InputError):
@@ -549,8 +550,8 @@ def reference_roles(answer):
 
 
 def answer_parses(text, task):
-    if task == "knights_knaves":
-        return bool(re.search(r"\bkni?ghts?\b|\bknaves?\b", text or "", re.IGNORECASE))
+    if task == "knights_knaves":  # a role claimed for someone, as the prompt phrases it; a bare 'knight' is no answer
+        return bool(ROLE_CLAIM.search(text or ""))
     return parse_number(text) is not None
 
 
@@ -691,7 +692,8 @@ class Scorer:
             raise RewardError(f"--reward-fn {self.custom_name} failed on completion {completion[:300]!r} "
                               f"(answer {answer!r}): {type(e).__name__}: {e}")
         if not math.isfinite(value):
-            raise RewardError(f"--reward-fn {self.custom_name} returned {value} on completion {completion[:300]!r}")
+            raise RewardError(f"--reward-fn {self.custom_name} returned {value} on completion {completion[:300]!r} "
+                              f"(answer {answer!r})")
         return value
 
 
@@ -1285,7 +1287,8 @@ def run(args):
         args.run_name = args.run_name or checkpoint_dir.parent.name  # keep logging into the same run
     args.run_name = args.run_name or f"{EXPERIMENT}-{time.strftime('%Y%m%d-%H%M%S')}"
     if args.model_name == CPU_MODEL:
-        print(f"no CUDA device: training the packaged Gemma-3-270M on CPU with CPU-sized defaults "
+        reason = "no CUDA device" if not torch.cuda.is_available() else f"--device {args.device}"
+        print(f"{reason}: training the packaged Gemma-3-270M on CPU with CPU-sized defaults "
               f"({args.rollouts_per_step} prompts x {args.group_size} completions x {args.max_length} tokens, {args.max_steps} steps)")
 
     random.seed(args.seed)
@@ -1310,10 +1313,10 @@ def run(args):
         save_checkpoint(run_dir / f"step_{step:06d}", model, optimizer, scheduler, state, args.keep_checkpoints)
 
     interrupts = Interrupts()
-    if args.eval_interval and step == 0:  # the starting point of the eval curve
-        logger.scalars(evaluate(model, tokenizer, eval_tasks, args, score), 0)
     progress = tqdm(total=args.max_steps, initial=step, desc=args.run_name, dynamic_ncols=True)
     try:
+        if args.eval_interval and step == 0:  # the eval curve's start; Ctrl-C here saves too
+            logger.scalars(evaluate(model, tokenizer, eval_tasks, args, score), 0)
         while step < args.max_steps:
             started = time.perf_counter()
             tasks, next_position = next_prompts(train_tasks, args.rollouts_per_step, position, args.seed)

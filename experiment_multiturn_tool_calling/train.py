@@ -583,7 +583,8 @@ class Scorer:
             raise RewardError(f"--reward-fn {self.custom_name} failed on completion {completion[:300]!r} "
                               f"(answer {answer!r}): {type(e).__name__}: {e}")
         if not math.isfinite(value):
-            raise RewardError(f"--reward-fn {self.custom_name} returned {value} on completion {completion[:300]!r}")
+            raise RewardError(f"--reward-fn {self.custom_name} returned {value} on completion {completion[:300]!r} "
+                              f"(answer {answer!r})")
         return value
 
 
@@ -1264,7 +1265,8 @@ def run(args):
         args.run_name = args.run_name or checkpoint_dir.parent.name  # keep logging into the same run
     args.run_name = args.run_name or f"{EXPERIMENT}-{time.strftime('%Y%m%d-%H%M%S')}"
     if args.model_name == CPU_MODEL:
-        print(f"no CUDA device: training the packaged Gemma-3-270M on CPU with CPU-sized defaults "
+        reason = "no CUDA device" if not torch.cuda.is_available() else f"--device {args.device}"
+        print(f"{reason}: training the packaged Gemma-3-270M on CPU with CPU-sized defaults "
               f"({args.rollouts_per_step} prompts x {args.group_size} completions x {args.max_length} tokens, {args.max_steps} steps)")
 
     random.seed(args.seed)
@@ -1289,10 +1291,10 @@ def run(args):
         save_checkpoint(run_dir / f"step_{step:06d}", model, optimizer, scheduler, state, args.keep_checkpoints)
 
     interrupts = Interrupts()
-    if args.eval_interval and step == 0:  # the starting point of the eval curve
-        logger.scalars(evaluate(model, tokenizer, eval_tasks, args, score), 0)
     progress = tqdm(total=args.max_steps, initial=step, desc=args.run_name, dynamic_ncols=True)
     try:
+        if args.eval_interval and step == 0:  # the eval curve's start; Ctrl-C here saves too
+            logger.scalars(evaluate(model, tokenizer, eval_tasks, args, score), 0)
         while step < args.max_steps:
             started = time.perf_counter()
             tasks, next_position = next_prompts(train_tasks, args.rollouts_per_step, position, args.seed)

@@ -4,6 +4,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -36,6 +37,18 @@ def adapter(tmp_path, step):
     return load_file(tmp_path / "out" / "e2e" / f"step_{step:06d}" / "adapter_model.safetensors")
 
 
+def tensorboard_texts(log_dir):
+    """The text tags (sample completions) in the event files under log_dir."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tags = set()
+    for events in Path(log_dir).rglob("events.out.tfevents.*"):
+        accumulator = EventAccumulator(str(events), size_guidance={"tensors": 0})
+        accumulator.Reload()
+        tags.update(accumulator.Tags()["tensors"])
+    return tags
+
+
 @pytest.mark.parametrize("name", TASK_EXPERIMENTS)
 def test_two_steps_then_resume(name, tiny_model_dir, tasks, tmp_path):
     script = ROOT / name / "train.py"
@@ -43,9 +56,13 @@ def test_two_steps_then_resume(name, tiny_model_dir, tasks, tmp_path):
                                           "--log-completions-interval", "1"))
     assert first.returncode == 0, first.stderr[-3000:]
     scalars = tensorboard_scalars(tmp_path / "runs" / "e2e")
-    assert LOGGED <= set(scalars), f"missing tags: {LOGGED - set(scalars)}"
+    # experiment_drgrpo's default, Dr.GRPO, has beta = 0: no reference pass, so no KL is measured or logged
+    expected = LOGGED - {"train/kl"} if name == "experiment_drgrpo" else LOGGED
+    assert expected <= set(scalars), f"missing tags: {expected - set(scalars)}"
+    assert ("train/kl" in scalars) == (name != "experiment_drgrpo")
     assert sorted(step for step, _ in scalars["train/loss"]) == [1, 2]
     assert sorted(step for step, _ in scalars["eval/accuracy"]) == [0, 1, 2]  # before training, then every step
+    assert "rollout/completions/text_summary" in tensorboard_texts(tmp_path / "runs" / "e2e")  # sample completions
     checkpoint = tmp_path / "out" / "e2e" / "step_000002"
     assert (checkpoint / "adapter_model.safetensors").is_file() and (checkpoint / "training_state.pt").is_file()
     assert not list((tmp_path / "out" / "e2e").glob("*.partial"))
@@ -106,3 +123,17 @@ def test_help_lists_every_option_with_its_default(name):
         assert option in text, option
     for default in ["(default: 16 on CUDA, 4 on CPU)", "(default: runs)", "(default: 0.2)", "(default: 42)"]:
         assert default in text, default
+
+
+def test_wandb_offline(tiny_model_dir, tasks, tmp_path, monkeypatch):
+    """--wandb without an account or a network (WANDB_MODE=offline): the same metrics also go to a local W&B run."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    result = run_script(ROOT / "experiment_base" / "train.py",
+                        *tiny_args(tiny_model_dir, tasks, tmp_path, "--max-steps", "1", "--eval-interval", "0",
+                                   "--wandb", "--wandb-project", "smoke"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 1, list(tmp_path.rglob("*"))
+    log = runs[0].read_bytes()
+    assert b"rollout/reward_mean" in log and b"train/loss" in log

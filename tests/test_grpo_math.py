@@ -156,10 +156,12 @@ def test_rollout_rows_are_grouped_and_masks_align(tiny):
         assert result.completions[row] == tokenizer.decode(result.sequence_ids[row, prompt_width:][result.action_mask[row].bool()], skip_special_tokens=True)
 
 
-def test_4bit_gradients_survive_an_eval_forward(experiment, tiny_model_dir):
-    """Regression: bitsandbytes repacks 4-bit weights on CPU at the first eval-mode forward and then
+@pytest.mark.parametrize("quantization", ["4bit", "8bit"])
+def test_quantized_gradients_survive_an_eval_forward(experiment, tiny_model_dir, quantization):
+    """The quantized paths train on CPU: LoRA gradients reach the first layer through the frozen 4-bit or 8-bit
+    weights. Regression: bitsandbytes repacks 4-bit weights on CPU at the first eval-mode forward and then
     loses the input gradient. Each rollout is an eval-mode forward, so training would silently break."""
-    args = experiment.parse_args(["--model-name", str(tiny_model_dir), "--device", "cpu", "--quantization", "4bit",
+    args = experiment.parse_args(["--model-name", str(tiny_model_dir), "--device", "cpu", "--quantization", quantization,
                                   "--dtype", "float32"])
     torch.manual_seed(0)
     model, tokenizer = experiment.load_model(args)

@@ -80,6 +80,19 @@ def test_strict_format(task_experiment, completion, score):
     assert task_experiment.format_score(completion) == score
 
 
+@pytest.mark.parametrize("answer, score", [
+    ("(1) Zoey is a knight (2) Ethan is a knave", 1.0),
+    ("Zoey: knave", 1.0),
+    ("Zoey is not a Knight", 1.0),  # wrong or partial answers are still well formed
+    ("knight", 0.0),  # a role for no one cannot win the format credit
+    ("knights and knaves", 0.0),
+    ("A knight", 0.0),
+    ("", 0.0),
+])
+def test_knights_and_knaves_format_needs_a_role_claim(task_experiment, answer, score):
+    assert task_experiment.format_score(f"{THINK}<answer>{answer}</answer>", "knights_knaves") == score
+
+
 def test_reasoning_format_tags(task_experiment):
     completion = "<reasoning>I add them up: 5 + 7 = 12.</reasoning><answer>12</answer>"
     assert task_experiment.format_score(completion, "math", "reasoning") == 1.0
