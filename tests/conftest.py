@@ -131,10 +131,11 @@ def write_jsonl(path, rows):
     return path
 
 
-def run_script(script, *args, timeout=600, cwd=ROOT):
-    """Run a script in a fresh interpreter; returns the CompletedProcess (stdout and stderr captured)."""
+def run_script(script, *args, timeout=600, cwd=ROOT, env=None):
+    """Run a script in a fresh interpreter, with env added to the environment; returns the CompletedProcess
+    (stdout and stderr captured)."""
     return subprocess.run([sys.executable, str(script), *map(str, args)], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env={**os.environ, **(env or {})})
 
 
 def tensorboard_scalars(log_dir):

@@ -1,8 +1,11 @@
-"""The README stays true: the test command CI runs, and every option of the base experiment."""
+"""The README stays true: the test command CI runs, every option of the base experiment, and each experiment's
+own options in its own README."""
 
 import re
 
-from conftest import ROOT, run_script
+import pytest
+
+from conftest import EXPERIMENTS, ROOT, run_script
 
 
 def test_ci_runs_the_readme_test_command():
@@ -12,8 +15,22 @@ def test_ci_runs_the_readme_test_command():
     assert command in (ROOT / ".ci" / "run").read_text().splitlines()
 
 
+def options(experiment):
+    """The options argparse lists in --help (where a line starts with one, or after ', ' for an alias); a wide
+    terminal keeps it from wrapping an option's name."""
+    help_text = run_script(ROOT / experiment / "train.py", "--help", env={"COLUMNS": "300"}).stdout
+    return set(re.findall(r"(?:^ +|, )(--[a-z][a-z0-9-]*[a-z0-9])\b", help_text, re.MULTILINE)) - {"--help"}
+
+
 def test_every_base_option_is_documented():
-    help_text = run_script(ROOT / "experiment_base" / "train.py", "--help").stdout
-    options = set(re.findall(r"(--[a-z][a-z0-9-]+)", help_text)) - {"--help"}
     readme = (ROOT / "README.md").read_text()
-    assert options and not {o for o in options if f"`{o}`" not in readme}
+    base = options("experiment_base")
+    assert base and not {o for o in base if f"`{o}`" not in readme}
+
+
+@pytest.mark.parametrize("experiment", [name for name in EXPERIMENTS if name != "experiment_base"])
+def test_each_experiments_own_options_are_documented(experiment):
+    """What an experiment adds to the base's command line is in its README (the rest is in the main README)."""
+    own = options(experiment) - options("experiment_base")
+    readme = (ROOT / experiment / "README.md").read_text()
+    assert not {o for o in own if f"`{o}`" not in readme}, f"{experiment}/README.md does not document them"
