@@ -77,8 +77,12 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
     def _get_help_string(self, action):
         text = action.help or ""
-        if "default" in text or action.default in (None, argparse.SUPPRESS) or action.nargs == 0:
+        if "default" in text or action.default is argparse.SUPPRESS:
             return text
+        if action.nargs == 0:  # a flag
+            return f"{text} (default: off)"
+        if action.default is None:
+            return f"{text} (default: none)"
         return f"{text} (default: %(default)s)"
 
 

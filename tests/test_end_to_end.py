@@ -1,5 +1,6 @@
 """Each train.py as a user runs it: a fresh process, the tiny model in 4-bit on CPU."""
 
+import re
 import signal
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import ROOT, TASK_EXPERIMENTS, run_script, seven_reward, tensorboard_scalars, write_jsonl
+from conftest import EXPERIMENTS, ROOT, TASK_EXPERIMENTS, run_script, seven_reward, tensorboard_scalars, write_jsonl
 
 LOGGED = {
     "rollout/reward_mean", "rollout/reward_std", "rollout/reward_min", "rollout/reward_max", "rollout/format_rate",
@@ -123,6 +124,16 @@ def test_help_lists_every_option_with_its_default(name):
         assert option in text, option
     for default in ["(default: 16 on CUDA, 4 on CPU)", "(default: runs)", "(default: 0.2)", "(default: 42)"]:
         assert default in text, default
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_help_gives_every_options_default(name):
+    """Every option argparse lists (flags, and options whose default is none, included) states its default."""
+    help_text = run_script(ROOT / name / "train.py", "--help", env={"COLUMNS": "300"}).stdout
+    # an option's entry: its line, and the lines of its help that follow, up to the next option or heading
+    entries = re.findall(r"^  (--?[a-z][^\n]*(?:\n(?! *-|\S)[^\n]*)*)", help_text, re.MULTILINE)
+    assert len(entries) > 40
+    assert not [entry.split()[0] for entry in entries if "default" not in entry and not entry.startswith("-h")]
 
 
 def test_wandb_offline(tiny_model_dir, tasks, tmp_path, monkeypatch):
