@@ -749,6 +749,7 @@ class Rollout:
     transcripts: list  # [B] the whole episode decoded, tool results included (the logs show these)
     tool_calls: torch.Tensor  # [B] calculator calls run
     tool_errors: torch.Tensor  # [B] of those, calls whose result was an error
+    result_tokens: torch.Tensor  # [B] tokens of tool results in the episode (outside the action mask)
     turns: torch.Tensor  # [B] model turns
 
 
@@ -760,6 +761,7 @@ class Episode:
     turns: int = 0
     tool_calls: int = 0
     tool_errors: int = 0
+    result_tokens: int = 0
     done: bool = False
 
 
@@ -866,6 +868,7 @@ def add_turn(episode, turn, tokenizer, stop_ids, max_length, max_turns):
     episode.actions += [0] * len(observation)  # the tool's tokens: in the context, never actions
     episode.tool_calls += 1
     episode.tool_errors += not ok
+    episode.result_tokens += len(observation)  # counted as tokenized: the mask never re-derives it from text
 
 
 def pad_left(rows, value):
@@ -938,6 +941,7 @@ def rollout(model, tokenizer, prompts, answers, group_size, max_length, temperat
         transcripts=transcripts,
         tool_calls=count("tool_calls"),
         tool_errors=count("tool_errors"),
+        result_tokens=count("result_tokens"),
         turns=count("turns"),
     )
 
@@ -1339,6 +1343,7 @@ def run(args):
                 # calls that ran without error / calls (0 in a step without calls)
                 "rollout/tool_success_rate": (calls - result.tool_errors.sum().item()) / max(1, calls),
                 "rollout/turns_per_episode": result.turns.float().mean().item(),
+                "rollout/result_tokens": result.result_tokens.float().mean().item(),  # per episode
                 "rollout/zero_spread_groups": (rewards.max(1).values == rewards.min(1).values).float().mean().item(),
                 **{f"train/{k}": v for k, v in stats.items()},
                 "train/lr": scheduler.get_last_lr()[0],

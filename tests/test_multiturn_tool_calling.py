@@ -216,6 +216,7 @@ def test_two_call_episode_masks_token_by_token(tiny_tool, monkeypatch):
         assert result.transcripts[row] == "".join(t + o for t, o in zip(turns[row], observations[row] + [""]))
 
     assert result.tool_calls.tolist() == [2, 1] and result.tool_errors.tolist() == [0, 1] and result.turns.tolist() == [3, 2]
+    assert result.result_tokens.tolist() == [sum(len(encode(tokenizer, o)) for o in row) for row in observations]
     assert result.terms["correctness"].tolist() == [1.0, 0.0]
     assert result.terms["format"].tolist() == [1.0, 1.0]
     assert result.terms["tool"].tolist() == [1.0, 0.0]  # calls that ran: 2 of 2, 0 of 1
@@ -368,6 +369,7 @@ def test_grpo_learns_well_formed_calls(tool, caller_model_dir, tmp_path):
 LOGGED = {
     "rollout/reward_mean", "rollout/reward_correctness", "rollout/reward_format", "rollout/reward_tool",
     "rollout/tool_calls_per_episode", "rollout/tool_errors", "rollout/turns_per_episode", "rollout/tool_success_rate",
+    "rollout/result_tokens",
     "rollout/accuracy", "rollout/format_rate", "rollout/completion_length", "train/loss", "train/kl", "train/entropy",
     "eval/accuracy", "eval/format_rate", "eval/tool_calls_per_episode", "perf/step_seconds",
 }
