@@ -126,6 +126,34 @@ def learn_sevens(module, model_dir, tmp_path, monkeypatch, steps, *options):
     return rewards
 
 
+def teach(module, model_dir, folder, examples, steps, lr=1e-2):
+    """Save to folder the model at model_dir after `steps` supervised steps on the (question, target) pairs that
+    examples(step) returns: cross-entropy on the target's tokens only, after module.format_prompt's prompt under
+    the user-only chat template. It makes a tiny model that writes a tool call, as a pretrained one that has seen
+    the format would (a random tiny model never spells one)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+    tokenizer.chat_template = USER_ONLY_TEMPLATE
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    for step in range(steps):
+        questions, targets = zip(*examples(step))
+        prompts = tokenizer([module.format_prompt(tokenizer, q) for q in questions], return_tensors="pt", padding=True)
+        answers = tokenizer(list(targets), return_tensors="pt", padding=True, padding_side="right")
+        ids = torch.cat([prompts.input_ids, answers.input_ids], 1)
+        mask = torch.cat([prompts.attention_mask, answers.attention_mask], 1)
+        log_probs, _ = module.sequence_log_probs(model, ids, mask, answers.input_ids.shape[1])
+        loss = -log_probs.sum() / answers.attention_mask.sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return Path(folder)
+
+
 def write_jsonl(path, rows):
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path

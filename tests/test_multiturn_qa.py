@@ -11,8 +11,7 @@ import pytest
 import torch
 
 import conftest
-from conftest import (ROOT, USER_ONLY_TEMPLATE, load_experiment, load_tiny, run_script, tensorboard_scalars, write_jsonl,
-                      write_pdf)
+from conftest import ROOT, load_experiment, load_tiny, run_script, teach, tensorboard_scalars, write_jsonl, write_pdf
 
 NAME = "experiment_multiturn_qa"
 SCRIPT = ROOT / NAME / "train.py"
@@ -312,27 +311,10 @@ E2E_ROWS = [{"question": f"Who built the ferry of Brio? ({i})", "answer": "Orrin
 def searcher_model_dir(qa, tiny_search_model_dir, tmp_path_factory):
     """The tiny search model after 100 supervised steps on the turn '<search>Brio</search>' (its prompts show the user's
     turn only): it searches from the first step, in 4-bit too, as a pretrained model that has seen the format would."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    def examples(step):
+        return [(row["question"], "<search>Brio</search>") for row in E2E_ROWS]
 
-    folder = tmp_path_factory.mktemp("tiny-searcher")
-    tokenizer = AutoTokenizer.from_pretrained(tiny_search_model_dir, padding_side="left")
-    tokenizer.chat_template = USER_ONLY_TEMPLATE
-    model = AutoModelForCausalLM.from_pretrained(tiny_search_model_dir, dtype=torch.float32)
-    prompts = tokenizer([qa.format_prompt(tokenizer, row["question"]) for row in E2E_ROWS], return_tensors="pt",
-                        padding=True)
-    call = tokenizer(["<search>Brio</search>"] * len(E2E_ROWS), return_tensors="pt", add_special_tokens=False)
-    ids = torch.cat([prompts.input_ids, call.input_ids], 1)
-    mask = torch.cat([prompts.attention_mask, call.attention_mask], 1)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    for _ in range(100):
-        log_probs, _ = qa.sequence_log_probs(model, ids, mask, call.input_ids.shape[1])
-        loss = -log_probs.mean()  # cross-entropy on the call only
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+    return teach(qa, tiny_search_model_dir, tmp_path_factory.mktemp("tiny-searcher"), examples, steps=100)
 
 
 def test_two_steps_end_to_end(searcher_model_dir, corpus, tmp_path):

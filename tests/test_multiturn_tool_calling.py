@@ -6,7 +6,7 @@ import types
 import pytest
 import torch
 
-from conftest import ROOT, USER_ONLY_TEMPLATE, load_experiment, load_tiny, run_script, tensorboard_scalars, write_jsonl
+from conftest import ROOT, load_experiment, load_tiny, run_script, teach, tensorboard_scalars, write_jsonl
 
 NAME = "experiment_multiturn_tool_calling"
 SCRIPT = ROOT / NAME / "train.py"
@@ -315,31 +315,15 @@ def caller_model_dir(tool, tiny_model_dir, tmp_path_factory):
     '12x34' instead, which the calculator refuses: it makes calls, and half of them fail. (A random model never
     spells a 28-character call; a pretrained one has seen the format.) After 100 steps it spelled the tag in
     full precision but not once in 4-bit ('<calculalator>'): NF4 noise on a hidden-64 model is large."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    folder = tmp_path_factory.mktemp("tiny-caller")
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir, padding_side="left")
-    tokenizer.chat_template = USER_ONLY_TEMPLATE
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     generator = torch.Generator().manual_seed(0)
-    for _ in range(200):
+
+    def examples(step):
         picks = torch.randint(len(PAIRS), (16,), generator=generator).tolist()
         ops = torch.randint(2, (16,), generator=generator).tolist()
-        prompts = tokenizer([tool.format_prompt(tokenizer, "What is {} * {}?".format(*PAIRS[i])) for i in picks],
-                            return_tensors="pt", padding=True)
-        calls = tokenizer([f"<calculator>{PAIRS[i][0]}{'*x'[op]}{PAIRS[i][1]}</calculator>" for i, op in zip(picks, ops)],
-                          return_tensors="pt", padding=True, padding_side="right")
-        ids = torch.cat([prompts.input_ids, calls.input_ids], 1)
-        mask = torch.cat([prompts.attention_mask, calls.attention_mask], 1)
-        log_probs, _ = tool.sequence_log_probs(model, ids, mask, calls.input_ids.shape[1])
-        loss = -log_probs.sum() / calls.attention_mask.sum()  # cross-entropy on the calls only
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+        return [("What is {} * {}?".format(*PAIRS[i]), f"<calculator>{PAIRS[i][0]}{'*x'[op]}{PAIRS[i][1]}</calculator>")
+                for i, op in zip(picks, ops)]
+
+    return teach(tool, tiny_model_dir, tmp_path_factory.mktemp("tiny-caller"), examples, steps=200)
 
 
 def test_grpo_learns_well_formed_calls(tool, caller_model_dir, tmp_path):
