@@ -80,6 +80,20 @@ def test_strict_format(task_experiment, completion, score):
     assert task_experiment.format_score(completion) == score
 
 
+def test_plain_template_without_a_chat_template(task_experiment, tiny_model_dir):
+    """A base model (no chat template, like the packaged Gemma-3-270M) gets the R1-Zero style prompt, which opens
+    the reasoning tag for it."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tokenizer.chat_template = None
+    prompt = task_experiment.format_prompt(tokenizer, "What is 2 + 3?")
+    assert prompt == task_experiment.system_prompt() + "\nUser: What is 2 + 3?\nAssistant: <think>"
+    prompt = task_experiment.format_prompt(tokenizer, "Who is a knight?", "knights_knaves", "reasoning")
+    assert prompt.startswith(task_experiment.system_prompt("knights_knaves", "reasoning"))
+    assert prompt.endswith("Assistant: <reasoning>") and "<reasoning> If Zoey were a knave" in prompt
+
+
 @pytest.mark.parametrize("answer, score", [
     ("(1) Zoey is a knight (2) Ethan is a knave", 1.0),
     ("Zoey: knave", 1.0),
