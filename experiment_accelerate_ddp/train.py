@@ -1284,6 +1284,14 @@ def run(args):
         if logger:
             logger.close()
         sys.exit(130)
+    except RewardError:  # the reward function or service failed (on every rank, as a rule): keep the steps done
+        progress.close()
+        if accelerator.is_main_process:
+            print(f"\nthe reward failed: saving step {step} to {run_dir}", file=sys.stderr)
+        checkpoint_now()
+        if logger:
+            logger.close()
+        raise
     progress.close()
     if logger:
         logger.close()

@@ -1162,6 +1162,12 @@ def run(args):
         checkpoint_now()
         logger.close()
         sys.exit(130)
+    except RewardError:  # the reward function or service failed: keep the steps done, then report it (main)
+        progress.close()
+        print(f"\nthe reward failed: saving step {step} to {run_dir}", file=sys.stderr)
+        checkpoint_now()
+        logger.close()
+        raise
     progress.close()
     logger.close()
     print(f"done: {step} steps; checkpoint in {run_dir / f'step_{step:06d}'}")

@@ -150,6 +150,13 @@ def reward_module(tmp_path, monkeypatch):
         "def broken(completion, answer, metadata):\n"
         "    raise ValueError('cannot score this')\n"
         "not_a_function = 3\n"
+        "calls = 0\n"
+        "def fails_later(completion, answer, metadata):\n"
+        "    global calls\n"
+        "    calls += 1\n"
+        "    if calls > 4:\n"
+        "        raise ConnectionError('the scorer went away')\n"
+        "    return calls / 4\n"
     )
     monkeypatch.chdir(tmp_path)  # --reward-fn finds modules next to where the run starts
     yield "my_rewards"
@@ -180,6 +187,23 @@ def test_a_raising_reward_function_names_the_example(task_experiment, reward_mod
     with pytest.raises(task_experiment.RewardError) as error:
         score(["<answer>7</answer>"], ["7"], [{}])
     assert "my_rewards:broken failed on completion '<answer>7</answer>' (answer '7'): ValueError: cannot score this" in str(error.value)
+
+
+def test_a_reward_failing_mid_run_keeps_the_steps_done(task_experiment, reward_module, tiny_model_dir, tmp_path):
+    """The reward works for step 1 (4 completions) and raises in step 2: the run stops with the failing example,
+    and step 1 is in a checkpoint and in TensorBoard."""
+    data = write_jsonl(tmp_path / "tasks.jsonl", [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(8)])
+    with pytest.raises(SystemExit) as stop:
+        task_experiment.main([
+            "--model-name", str(tiny_model_dir), "--device", "cpu", "--quantization", "none", "--dtype", "float32",
+            "--data-path", str(data), "--max-steps", "3", "--group-size", "2", "--rollouts-per-step", "2",
+            "--max-length", "4", "--eval-interval", "0", "--reward-fn", f"{reward_module}:fails_later",
+            "--log-dir", str(tmp_path / "runs"), "--checkpoint-path", str(tmp_path / "out"), "--run-name", "r",
+        ])
+    assert "my_rewards:fails_later failed on completion" in str(stop.value) and "the scorer went away" in str(stop.value)
+    assert (tmp_path / "out" / "r" / "step_000001" / "training_state.pt").is_file()
+    assert not (tmp_path / "out" / "r" / "step_000002").exists()
+    assert [step for step, _ in tensorboard_scalars(tmp_path / "runs")["train/loss"]] == [1]
 
 
 # ---- the HTTP reward service ----
