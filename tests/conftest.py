@@ -154,6 +154,17 @@ def teach(module, model_dir, folder, examples, steps, lr=1e-2):
     return Path(folder)
 
 
+def fails_with(module, argv, capsys):
+    """Run module.main(argv), expect it to stop with an error; returns everything it said."""
+    import pytest
+
+    with pytest.raises(SystemExit) as stop:
+        module.main([str(a) for a in argv])
+    code = stop.value.code
+    assert code not in (0, None)
+    return (code if isinstance(code, str) else "") + capsys.readouterr().err
+
+
 def write_jsonl(path, rows):
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path

@@ -2,16 +2,7 @@
 
 import pytest
 
-from conftest import write_jsonl
-
-
-def fails_with(task_experiment, argv, capsys):
-    """Run main, expect it to stop; returns everything it said."""
-    with pytest.raises(SystemExit) as stop:
-        task_experiment.main([str(a) for a in argv])
-    code = stop.value.code
-    assert code not in (0, None)
-    return (code if isinstance(code, str) else "") + capsys.readouterr().err
+from conftest import fails_with, write_jsonl
 
 
 def data_args(path):

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import conftest
-from conftest import ROOT, load_experiment, load_tiny, run_script, teach, tensorboard_scalars, write_jsonl, write_pdf
+from conftest import (ROOT, fails_with, load_experiment, load_tiny, run_script, teach, tensorboard_scalars, write_jsonl,
+                      write_pdf)
 
 NAME = "experiment_multiturn_qa"
 SCRIPT = ROOT / NAME / "train.py"
@@ -354,14 +355,6 @@ def test_help_lists_the_search_options(qa):
 
 
 # ---------------------------------------------------------------- bad input: one line, before the model loads
-
-def fails_with(qa, argv, capsys):
-    with pytest.raises(SystemExit) as stop:
-        qa.main([str(a) for a in argv])
-    code = stop.value.code
-    assert code not in (0, None)
-    return (code if isinstance(code, str) else "") + capsys.readouterr().err
-
 
 def test_missing_or_empty_corpus_dir(qa, tmp_path, capsys):
     data = write_jsonl(tmp_path / "q.jsonl", [{"question": "Where is Brio?", "answer": "Miogriarary"}])
