@@ -452,14 +452,17 @@ def format_prompt(tokenizer, question):
 #   format       the model's words are its searches (any text between them), then one non-empty
 #                <answer> ... </answer> that ends the episode; every search closed and not nested; no
 #                <information> tags written by the model itself (only the tool writes those)
+#   retrieval    1 when a passage that the model's own searches brought back contains the answer: credit for
+#                a good query before the model can answer (a process reward: it reads the reference answer;
+#                --reward-weights retrieval=0 leaves the outcome alone)
 #   search_cost  the searches beyond the first, as a fraction of the extra searches allowed:
 #                (searches - 1) / (max_turns - 1), in [0, 1]; weighted negatively, so each search beyond the
 #                first costs 0.1 / (3 - 1) = 0.05 with the defaults
 #   custom       --reward-fn, a function of yours;  remote: --reward-url, an HTTP reward service
 # An empty answer earns nothing: empty tags cannot win reward.
 
-DEFAULT_REWARD_WEIGHTS = "correctness=1,format=0.1,search_cost=-0.1"
-REWARD_TERMS = ("correctness", "format", "search_cost", "custom", "remote")
+DEFAULT_REWARD_WEIGHTS = "correctness=1,format=0.1,retrieval=0.2,search_cost=-0.1"
+REWARD_TERMS = ("correctness", "format", "retrieval", "search_cost", "custom", "remote")
 F1_CREDIT = 0.5  # an inexact answer earns at most half the credit of an exact one
 SEARCH_CALL = re.compile(r"<search>((?:(?!<search>).)*?)</search>", re.DOTALL)  # innermost: no <search> inside
 
@@ -522,11 +525,13 @@ def search_cost(metadata, max_turns=MAX_TURNS):
 
 def reward_terms(completion, answer, metadata=None, max_turns=MAX_TURNS):
     """The built-in reward terms of one episode, each in [0, 1]: its model-written text, and its metadata,
-    which holds the search record ('searches') that the rollout adds."""
+    which holds the search record ('searches', 'answer_retrieved') that the rollout adds."""
+    metadata = metadata or {}
     return {
         "correctness": correctness(completion, answer),
         "format": format_score(completion),
-        "search_cost": search_cost(metadata or {}, max_turns),
+        "retrieval": float(bool(metadata.get("answer_retrieved", False))),
+        "search_cost": search_cost(metadata, max_turns),
     }
 
 
@@ -899,8 +904,9 @@ def rollout(model, tokenizer, prompts, answers, group_size, max_length, temperat
     completions = [tokenizer.decode(ids[mask.bool()], skip_special_tokens=True) for ids, mask in zip(episode_ids, action_mask)]
     transcripts = [tokenizer.decode(e.ids, skip_special_tokens=True) for e in episodes]
     repeat = lambda values: [v for v in values for _ in range(group_size)]  # noqa: E731
-    records = [{**m, "searches": len(e.queries), "queries": e.queries, "turns": e.turns}
-               for m, e in zip(repeat(metadata or [{}] * len(answers)), episodes)]
+    retrieved = [any(answer_in(text, answer) for text in e.passages) for e, answer in zip(episodes, repeat(answers))]
+    records = [{**m, "searches": len(e.queries), "queries": e.queries, "turns": e.turns, "answer_retrieved": found}
+               for m, e, found in zip(repeat(metadata or [{}] * len(answers)), episodes, retrieved)]
     rewards, terms = (score or Scorer(max_turns=max_turns))(completions, repeat(answers), records)
     return Rollout(
         sequence_ids=torch.cat([encoded.input_ids.repeat_interleave(group_size, dim=0), episode_ids], dim=1),
@@ -912,8 +918,7 @@ def rollout(model, tokenizer, prompts, answers, group_size, max_length, temperat
         transcripts=transcripts,
         searches=torch.tensor([len(e.queries) for e in episodes]),
         turns=torch.tensor([e.turns for e in episodes]),
-        answer_retrieved=torch.tensor([any(answer_in(text, answer) for text in e.passages)
-                                       for e, answer in zip(episodes, repeat(answers))], dtype=torch.float32),
+        answer_retrieved=torch.tensor(retrieved, dtype=torch.float32),
         information_tokens=torch.tensor([e.information_tokens for e in episodes]),
         search_seconds=search_seconds,
     )

@@ -110,14 +110,17 @@ def test_search_cost_and_weighted_sum(qa):
     assert qa.search_cost({"searches": 3}, max_turns=5) == 0.5 and qa.search_cost({"searches": 1}, max_turns=1) == 0.0
     assert qa.search_cost({}) == 0.0  # no record: no search
     good = "<search>q</search><search>r</search><answer>Bonmere</answer>"
-    # correctness 1 + format 0.1 - 0.1 * (one extra search of two allowed)
-    assert qa.compute_reward(good, "Bonmere", {"searches": 2}) == pytest.approx(1 + 0.1 - 0.1 * 0.5)
-    weights = qa.parse_weights("search_cost=-1,format=0")
-    assert qa.compute_reward(good, "Bonmere", {"searches": 3}, weights) == pytest.approx(1 - 1)
-    rewards, terms = qa.Scorer(max_turns=3)([good, "<answer>x</answer>"], ["Bonmere", "Bonmere"],
-                                            [{"searches": 2}, {"searches": 0}])
-    assert set(terms) == {"correctness", "format", "search_cost"}
-    assert torch.allclose(rewards, torch.tensor([1.05, 0.1])) and terms["search_cost"].tolist() == [0.5, 0.0]
+    found = {"searches": 2, "answer_retrieved": True}
+    # correctness 1 + format 0.1 + retrieval 0.2 - 0.1 * (one extra search of two allowed)
+    assert qa.compute_reward(good, "Bonmere", found) == pytest.approx(1 + 0.1 + 0.2 - 0.1 * 0.5)
+    weights = qa.parse_weights("search_cost=-1,format=0,retrieval=0")
+    assert qa.compute_reward(good, "Bonmere", {"searches": 3, "answer_retrieved": True}, weights) == pytest.approx(1 - 1)
+    rewards, terms = qa.Scorer(max_turns=3)([good, "<answer>x</answer>", "<search>q</search>"], ["Bonmere"] * 3,
+                                            [found, {"searches": 0}, {"searches": 1, "answer_retrieved": True}])
+    assert set(terms) == {"correctness", "format", "retrieval", "search_cost"}
+    assert terms["retrieval"].tolist() == [1.0, 0.0, 1.0] and terms["search_cost"].tolist() == [0.5, 0.0, 0.0]
+    # a search that found the answer, without an answer yet, earns more than a well-formed guess without one
+    assert torch.allclose(rewards, torch.tensor([1.25, 0.1, 0.2]))
 
 
 def test_retrieval_recall_matches_whole_words(qa):
@@ -213,6 +216,7 @@ def test_two_search_episode_mask_token_by_token(tiny_qa, monkeypatch):
     assert result.terms["correctness"].tolist() == [1.0, 0.0, 0.0, 1.0]
     assert result.terms["format"].tolist() == [1.0, 1.0, 1.0, 1.0]
     assert result.terms["search_cost"].tolist() == [0.5, 0.0, 0.0, 0.0]
+    assert result.terms["retrieval"].tolist() == result.answer_retrieved.tolist()  # the search record's own verdict
 
     # Turn 2 is one left-padded batch of contexts of different lengths and prompts: each was seen as if alone.
     turn_2_first = seen[len(ids("<search>ab</search>"))]
@@ -257,7 +261,8 @@ def test_searches_stop_at_max_turns_and_budget(tiny_qa, monkeypatch, max_turns, 
 def learns_to_search(completion, answer, metadata=None, max_turns=3):
     """Half for opening a search, half for a search that ran: about 0.03 for the untrained model."""
     opened = 0.5 * ("<search>" in completion)
-    return {"correctness": opened + 0.5 * min(1, metadata["searches"]), "format": 0.0, "search_cost": 0.0}
+    return {"correctness": opened + 0.5 * min(1, metadata["searches"]), "format": 0.0, "retrieval": 0.0,
+            "search_cost": 0.0}
 
 
 @pytest.fixture(scope="module")
@@ -298,6 +303,7 @@ def test_grpo_learns_to_search(qa, tiny_search_model_dir, corpus, tmp_path, monk
 
 LOGGED = {
     "rollout/reward_mean", "rollout/reward_correctness", "rollout/reward_format", "rollout/reward_search_cost",
+    "rollout/reward_retrieval",
     "rollout/accuracy", "rollout/format_rate", "rollout/completion_length", "rollout/searches_per_episode",
     "rollout/turns_per_episode", "rollout/retrieval_recall", "rollout/information_tokens", "train/loss", "train/kl",
     "train/grad_norm", "perf/search_seconds", "perf/tokens_per_second", "eval/accuracy", "eval/format_rate",
@@ -343,14 +349,14 @@ def test_two_steps_end_to_end(searcher_model_dir, corpus, tmp_path):
 
 
 def test_help_lists_the_search_options(qa):
-    result = run_script(SCRIPT, "--help")
+    result = run_script(SCRIPT, "--help", env={"COLUMNS": "300"})  # no wrapping inside a default
     text = " ".join(result.stdout.split())
     assert result.returncode == 0
     for option in ["--corpus-dir", "--retriever {dense,bm25}", "--top-k", "--passage-chars", "--max-turns",
                    "--device-index", "--reward-weights", "--kl-weight", "--resume", "--eval-interval"]:
         assert option in text, option
     for default in ["(default: data/qa/corpus)", "(default: dense)", "(default: 3)", "(default: 300)",
-                    "correctness=1,format=0.1,search_cost=-0.1", "(default: data/qa/questions.jsonl)"]:
+                    "correctness=1,format=0.1,retrieval=0.2,search_cost=-0.1", "(default: data/qa/questions.jsonl)"]:
         assert default in text, default
 
 
