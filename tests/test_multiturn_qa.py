@@ -111,8 +111,8 @@ def test_search_cost_and_weighted_sum(qa):
     assert qa.search_cost({}) == 0.0  # no record: no search
     good = "<search>q</search><search>r</search><answer>Bonmere</answer>"
     found = {"searches": 2, "answer_retrieved": True}
-    # correctness 1 + format 0.1 + retrieval 0.2 - 0.1 * (one extra search of two allowed)
-    assert qa.compute_reward(good, "Bonmere", found) == pytest.approx(1 + 0.1 + 0.2 - 0.1 * 0.5)
+    # correctness 1 + format 0 x 1 + retrieval 0.2 - 0.1 * (one extra search of two allowed)
+    assert qa.compute_reward(good, "Bonmere", found) == pytest.approx(1 + 0.2 - 0.1 * 0.5)
     weights = qa.parse_weights("search_cost=-1,format=0,retrieval=0")
     assert qa.compute_reward(good, "Bonmere", {"searches": 3, "answer_retrieved": True}, weights) == pytest.approx(1 - 1)
     rewards, terms = qa.Scorer(max_turns=3)([good, "<answer>x</answer>", "<search>q</search>"], ["Bonmere"] * 3,
@@ -120,7 +120,8 @@ def test_search_cost_and_weighted_sum(qa):
     assert set(terms) == {"correctness", "format", "retrieval", "search_cost"}
     assert terms["retrieval"].tolist() == [1.0, 0.0, 1.0] and terms["search_cost"].tolist() == [0.5, 0.0, 0.0]
     # a search that found the answer, without an answer yet, earns more than a well-formed guess without one
-    assert torch.allclose(rewards, torch.tensor([1.25, 0.1, 0.2]))
+    assert torch.allclose(rewards, torch.tensor([1.15, 0.0, 0.2])) and terms["format"].tolist() == [1.0, 1.0, 0.0]
+    assert qa.compute_reward(good, "Bonmere", found, qa.parse_weights("format=0.1")) == pytest.approx(1.25)
 
 
 def test_retrieval_recall_matches_whole_words(qa):
@@ -356,7 +357,7 @@ def test_help_lists_the_search_options(qa):
                    "--device-index", "--reward-weights", "--kl-weight", "--resume", "--eval-interval"]:
         assert option in text, option
     for default in ["(default: data/qa/corpus)", "(default: dense)", "(default: 3)", "(default: 300)",
-                    "correctness=1,format=0.1,retrieval=0.2,search_cost=-0.1", "(default: data/qa/questions.jsonl)"]:
+                    "correctness=1,format=0,retrieval=0.2,search_cost=-0.1", "(default: data/qa/questions.jsonl)"]:
         assert default in text, default
 
 
