@@ -34,8 +34,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def load_base():
-    spec = importlib.util.spec_from_file_location("experiment_base_train", ROOT / "experiment_base" / "train.py")
+def load_base(experiment="experiment_base"):
+    """An experiment's train.py as a module (experiment_base's unless named)."""
+    spec = importlib.util.spec_from_file_location(f"{experiment}_train", ROOT / experiment / "train.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

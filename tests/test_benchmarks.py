@@ -67,6 +67,17 @@ def test_evaluate_samples_filter_and_data(tiny_model_dir, tmp_path):
     assert bad.returncode != 0 and "unknown task" in bad.stderr
 
 
+def test_retrieval_benchmark_runs(tmp_path):
+    out = tmp_path / "recall.json"
+    result = run_script(ROOT / "benchmarks" / "retrieval.py", "--retrievers", "bm25", "--max-questions", "80",
+                        "--json", out)
+    assert result.returncode == 0, result.stderr[-3000:]
+    bm25 = json.loads(out.read_text())["recall"]["bm25"]
+    assert bm25["single_hop_cited"] >= 0.9 and bm25["single_hop_answer"] >= 0.9  # one search finds a single hop
+    assert bm25["two_hop_answer"] < bm25["two_hop_first_cited"]  # but not, as a rule, the second hop's answer
+    assert "| bm25 |" in result.stdout
+
+
 def test_memory_estimate_runs(tmp_path):
     out = tmp_path / "memory.json"
     result = run_script(ROOT / "benchmarks" / "memory_estimate.py", "--tiny", "--measure-tokens", "32", "--json", out)
