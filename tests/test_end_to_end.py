@@ -11,7 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import EXPERIMENTS, ROOT, TASK_EXPERIMENTS, run_script, seven_reward, tensorboard_scalars, write_jsonl
+from conftest import (EXPERIMENTS, ROOT, TASK_EXPERIMENTS, load_experiment, run_script, seven_reward, tensorboard_scalars,
+                      write_jsonl)
 
 LOGGED = {
     "rollout/reward_mean", "rollout/reward_std", "rollout/reward_min", "rollout/reward_max", "rollout/format_rate",
@@ -108,6 +109,22 @@ def test_ctrl_c_saves_a_checkpoint(tiny_model_dir, tasks, tmp_path):
     steps = sorted((tmp_path / "out" / "e2e").glob("step_*[0-9]"))
     assert len(steps) == 1 and int(steps[0].name.split("_")[1]) >= 2
     assert "interrupted: saving step" in stderr
+
+
+@pytest.mark.parametrize("name", TASK_EXPERIMENTS)
+def test_ctrl_c_during_the_first_evaluation_saves_step_0(name, tiny_model_dir, tasks, tmp_path, monkeypatch):
+    """Ctrl-C raises KeyboardInterrupt wherever the run is outside an update: in the step-0 evaluation too, which
+    runs before the first step, the run exits with 130 after writing a checkpoint it can resume from."""
+    module = load_experiment(name)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt("SIGINT")
+
+    monkeypatch.setattr(module, "evaluate", interrupted)
+    with pytest.raises(SystemExit) as stop:
+        module.main([str(a) for a in tiny_args(tiny_model_dir, tasks, tmp_path, "--max-steps", "2", "--eval-interval", "1")])
+    assert stop.value.code == 130
+    assert [p.name for p in (tmp_path / "out" / "e2e").iterdir()] == ["step_000000"]
 
 
 @pytest.mark.parametrize("name", TASK_EXPERIMENTS)
