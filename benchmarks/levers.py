@@ -48,10 +48,10 @@ def switch_off(base, config):
         original = base.output_logits
         base.output_logits = lambda model, hidden: original(model, hidden.unsqueeze(1)).squeeze(1)
     if config == "full_logits":
-        def sequence_log_probs(model, input_ids, attention_mask, num_actions=None):
+        def sequence_log_probs(model, input_ids, attention_mask, num_actions=None, temperature=1.0):
             position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
             logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                           use_cache=False, logits_to_keep=num_actions + 1).logits[:, :-1].float()
+                           use_cache=False, logits_to_keep=num_actions + 1).logits[:, :-1].float() / temperature
             log_probs = torch.log_softmax(logits, -1)  # [B, T, V] float32
             taken = log_probs.gather(-1, input_ids[:, -num_actions:, None]).squeeze(-1)
             entropy = -(log_probs.exp() * log_probs).sum(-1).detach()

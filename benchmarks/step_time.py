@@ -111,6 +111,7 @@ def project_steps(base, options, prompts, answers, args):
     base.torch.manual_seed(0)
     model, tokenizer = base.load_model(options)
     optimizer = base.make_optimizer(model, options)
+    scheduler = base.torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: 1.0)  # constant, as --warmup-steps 0
     steps = []
     for step in range(args.steps):
         rows = slice(step * args.prompts, (step + 1) * args.prompts)
@@ -120,7 +121,8 @@ def project_steps(base, options, prompts, answers, args):
         sampled = time.perf_counter()
         advantages = base.group_advantages(result.rewards.view(-1, args.group_size)).flatten()
         model.train()
-        base.train_step(model, (result.sequence_ids, result.attention_mask, result.action_mask, advantages), options, optimizer)
+        base.train_step(model, (result.sequence_ids, result.attention_mask, result.action_mask, advantages), options, optimizer,
+                        scheduler)
         steps.append({"seconds": time.perf_counter() - started, "sampling_seconds": sampled - started,
                       "tokens": int(result.action_mask.sum())})
     return steps

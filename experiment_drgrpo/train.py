@@ -1,14 +1,19 @@
-"""GRPO, Dr.GRPO, DAPO and REINFORCE++ side by side: the GRPO family in one file.
+"""GRPO, Dr.GRPO, DAPO, GSPO, CISPO and REINFORCE++ side by side: the GRPO family in one file.
 
-A copy of experiment_base/train.py in which `--algorithm grpo|drgrpo|dapo|reinforce_pp` (default drgrpo)
-changes only what the four algorithms do differently, next to the code each one varies:
+A copy of experiment_base/train.py in which `--algorithm` (default drgrpo) changes only what the seven
+algorithms do differently, next to the code each one varies:
 
   grpo          (DeepSeekMath, arXiv:2402.03300) A_i = (r_i - mean(r)) / (std(r) + eps); per-sequence token mean
   drgrpo        (Dr.GRPO, arXiv:2503.20783)      A_i = r_i - mean(r); token sum / the budget --max-length
-  dapo          (DAPO, arXiv:2503.14476)          clip-higher; token mean over the whole batch; dynamic sampling;
-                                                  soft over-long penalty; no KL
+  dapo          (DAPO, arXiv:2503.14476)          clip-higher over mini-batch updates; token mean over the batch;
+                                                  dynamic sampling on accuracy; soft over-long penalty; no KL
+  gspo          (GSPO, arXiv:2507.18071)          one ratio per sequence, s_i = exp(mean_t log(pi / pi_old)),
+                                                  clipped per sequence to [1 - 3e-4, 1 + 4e-4]; sequence-level loss
+  cispo         (MiniMax-M1, arXiv:2506.13585)    -sg(clip(rho, 1 - eps_low, 1 + eps_high)) * A * log pi per token:
+                                                  the weight is clipped, no token's gradient dropped; token mean
   reinforce_pp  (REINFORCE++, arXiv:2501.03262)   no groups: per-token reward r_t = -beta * KL_t (+ the outcome
-                                                  reward at the last token), returns normalised over the batch
+                                                  reward at the last token), returns whitened over the batch
+  reinforce_pp_baseline                           the same, the outcome reward minus its group's mean first
 
 `--preset` sets a coherent group of options (`--help` lists them); options given on the command line win.
 The file reads top to bottom:
@@ -24,7 +29,7 @@ The file reads top to bottom:
   9. the training loop
 
     python experiment_drgrpo/train.py                      # Dr.GRPO
-    python experiment_drgrpo/train.py --algorithm dapo     # or grpo, reinforce_pp
+    python experiment_drgrpo/train.py --algorithm dapo     # or grpo, gspo, cispo, reinforce_pp, reinforce_pp_baseline
     python experiment_drgrpo/train.py --help               # every option, and what each preset sets
 """
 
@@ -61,6 +66,7 @@ CACHE_DIR = Path(os.environ.get("TINY_GRPO_CACHE", Path.home() / ".cache" / "tin
 # A completion ends at EOS, at its closing answer tag, or where a base model starts writing the user's next turn.
 STOP_STRINGS = ("</answer>", "\nUser:")
 LOGITS_CHUNK_ELEMENTS = 2**24  # at most this many float32 logits exist at once in sequence_log_probs
+SAMPLING_BLOCK = 512  # the sampler draws a block of this many vocabulary ids, then an id within it
 
 # Options whose default depends on the device: (on CUDA, on CPU).
 DEVICE_DEFAULTS = {
@@ -75,23 +81,31 @@ DEVICE_DEFAULTS = {
     "generation_batch_size": (256, None),  # None: the whole step
 }
 
-ALGORITHMS = ("grpo", "drgrpo", "dapo", "reinforce_pp")
-# --preset NAME sets a group of options; options given on the command line win. The four algorithm presets hold
+ALGORITHMS = ("grpo", "drgrpo", "dapo", "gspo", "cispo", "reinforce_pp", "reinforce_pp_baseline")
+TOKEN_LEVEL = ("dapo", "cispo", "reinforce_pp", "reinforce_pp_baseline")  # their loss is a mean over the batch's tokens
+# --preset NAME sets a group of options; options given on the command line win. The algorithm presets hold
 # each algorithm's own settings where they differ from the defaults in --help (which are GRPO's), and
 # `--algorithm X` applies preset X beneath any other preset: `--algorithm dapo` alone is the whole of DAPO.
 PRESETS = {
     "grpo": {"algorithm": "grpo"},  # DeepSeekMath; the KL weight is the base experiment's 0.01 (the paper: 0.04)
     "drgrpo": {"algorithm": "drgrpo", "kl_weight": 0.0},  # the Dr.GRPO paper's Oat-Zero runs: beta = 0
+    # the DAPO paper: eps 0.2 / 0.28, no KL, penalty factor 1, mini-batch updates (16 per rollout in the paper)
     "dapo": {"algorithm": "dapo", "clip_eps_high": 0.28, "kl_weight": 0.0, "dynamic_sampling": True,
-             "overlong_penalty": 1.0},  # the DAPO paper: eps 0.2 / 0.28, no KL, penalty factor 1
+             "overlong_penalty": 1.0, "updates_per_step": 4},
+    # the GSPO paper: a sequence ratio clipped to [1 - 3e-4, 1 + 4e-4], four mini-batch updates per rollout, no KL
+    "gspo": {"algorithm": "gspo", "clip_eps": 3e-4, "clip_eps_high": 4e-4, "kl_weight": 0.0, "updates_per_step": 4},
+    # MiniMax-M1: no lower bound on the weight (eps_low 1: clip at 0), an upper one (0.28, as verl's CISPO), no KL;
+    # several updates per rollout, without which rho = 1 and the clip never acts
+    "cispo": {"algorithm": "cispo", "clip_eps_low": 1.0, "clip_eps_high": 0.28, "kl_weight": 0.0, "updates_per_step": 4},
     "reinforce_pp": {"algorithm": "reinforce_pp"},  # KL 0.01 in the reward, rewards clipped to [-10, 10] (OpenRLHF's)
+    "reinforce_pp_baseline": {"algorithm": "reinforce_pp_baseline"},  # the same, minus the group mean first
     # 0.5B-3B models on one 24 GB GPU (4-bit + LoRA): Dr.GRPO, so that wrong answers are not pushed to grow long
     "reasoning_small": {"algorithm": "drgrpo", "group_size": 8, "rollouts_per_step": 16, "max_length": 1024,
                         "lr": 2e-5, "warmup_steps": 10, "train_batch_size": 8, "generation_batch_size": 64},
     # 7B+ models on a 48-80 GB GPU (4-bit + LoRA): long chains of thought, where DAPO's pieces pay off
     "reasoning_large": {"algorithm": "dapo", "group_size": 16, "rollouts_per_step": 32, "max_length": 4096,
                         "overlong_buffer": 1024, "lr": 1e-5, "warmup_steps": 10, "train_batch_size": 4,
-                        "generation_batch_size": 128},
+                        "generation_batch_size": 128, "updates_per_step": 16},
 }
 
 
@@ -180,41 +194,48 @@ def parse_args(argv=None):
     g.add_argument("--train-batch-size", type=int, default=16, help="sequences per forward/backward micro-batch")
     g.add_argument("--generation-batch-size", type=int, help="sequences sampled at once; their KV cache is the largest "
                    "part of GPU memory (default: 256 on CUDA, the whole step on CPU)")
-    g.add_argument("--epochs-per-step", type=int, default=1, help="optimizer updates per rollout batch")
+    g.add_argument("--epochs-per-step", type=int, default=1, help="passes over each rollout batch (PPO epochs)")
+    g.add_argument("--updates-per-step", type=int, default=1, help="mini-batches each pass splits the rollout batch "
+                   "into, one optimizer update each; above 1, pi_theta moves away from pi_old within a step and the clip acts "
+                   "(default: 1; 4 with the dapo, gspo and cispo presets)")
     g.add_argument("--lr", type=float, help="learning rate " + device_default("lr"))
-    g.add_argument("--warmup-steps", type=int, default=0, help="linear learning-rate warm-up")
+    g.add_argument("--warmup-steps", type=int, default=0, help="linear learning-rate warm-up over this many "
+                   "optimizer updates (a step makes --epochs-per-step x --updates-per-step of them)")
     g.add_argument("--kl-weight", type=float, default=0.01, help="beta, weight of the k3 KL to the reference policy "
                    "(reinforce_pp: of the KL in the per-token reward); 0 skips the reference forward "
-                   "(default: 0.01; 0 with the drgrpo and dapo presets)")
+                   "(default: 0.01; 0 with the drgrpo, dapo, gspo and cispo presets)")
     g.add_argument("--log-kl", action="store_true", help="measure and log train/kl even when --kl-weight is 0, to "
                    "compare how far each algorithm moves from pi_ref: one more forward pass per step, adapter off "
                    "(default: off, and with --kl-weight 0 train/kl is not logged)")
-    g.add_argument("--clip-eps", type=float, default=0.2, help="PPO clip range: ratio kept within [1-eps, 1+eps]")
-    g.add_argument("--clip-eps-low", type=float, help="lower clip range: ratio kept >= 1 - eps_low (default: --clip-eps)")
+    g.add_argument("--clip-eps", type=float, default=0.2, help="PPO clip range: ratio kept within [1-eps, 1+eps] "
+                   "(default: 0.2; 3e-4 with the gspo preset, whose ratio is a per-token geometric mean)")
+    g.add_argument("--clip-eps-low", type=float, help="lower clip range: ratio kept >= 1 - eps_low, at most 1 "
+                   "(default: --clip-eps; 1 with the cispo preset: no lower bound on CISPO's weight)")
     g.add_argument("--clip-eps-high", type=float, help="upper clip range: ratio kept <= 1 + eps_high; DAPO's clip-higher "
-                   "raises it (default: --clip-eps; 0.28 with the dapo preset)")
+                   "raises it (default: --clip-eps; 0.28 with the dapo and cispo presets, 4e-4 with gspo)")
     g.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping")
-    g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
+    g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature T; training takes pi_theta, pi_old and pi_ref "
+                   "at the same T, softmax(logits / T), the distribution the sampler drew from")
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling; 1.0 samples the full distribution")
     g.add_argument("--max-length", type=int, help="completion budget in tokens " + device_default("max_length"))
     g.add_argument("--max-steps", type=int, help="training steps " + device_default("max_steps"))
     g.add_argument("--seed", type=int, default=42, help="random seed")
-    g = p.add_argument_group("algorithm: GRPO, Dr.GRPO, DAPO, REINFORCE++")
-    g.add_argument("--algorithm", choices=ALGORITHMS, help="advantages and loss: grpo, drgrpo, dapo or reinforce_pp; "
+    g = p.add_argument_group("algorithm: GRPO, Dr.GRPO, DAPO, GSPO, CISPO, REINFORCE++")
+    g.add_argument("--algorithm", choices=ALGORITHMS, help="advantages and loss: " + ", ".join(ALGORITHMS) + "; "
                    "applies the preset of the same name beneath --preset (default: drgrpo, or the --preset's)")
     g.add_argument("--preset", choices=list(PRESETS), help="set a group of options (listed at the end); options "
                    "given on the command line win (default: none)")
     g.add_argument("--dynamic-sampling", action=argparse.BooleanOptionalAction, default=False,
-                   help="DAPO: drop groups whose rewards are all equal and roll out more prompts to refill the batch "
-                   "(default: off; on with the dapo preset)")
+                   help="DAPO: drop groups whose correctness is all equal (all right or all wrong: no signal about "
+                   "accuracy) and roll out more prompts until the batch is full (default: off; on with the dapo preset)")
     g.add_argument("--max-extra-rounds", type=int, default=3, help="dynamic sampling: at most this many extra rollouts "
-                   "per step; then the step trains on the groups it has")
+                   "per step; then the step trains on the groups it has and logs how many it lacked (rollout/groups_missing)")
     g.add_argument("--overlong-penalty", type=float, default=0.0, help="DAPO: reward penalty p for a completion that "
                    "reaches the budget, ramping up linearly over the --overlong-buffer tokens before it; 0 is off "
                    "(default: 0; 1.0 with the dapo preset)")
     g.add_argument("--overlong-buffer", type=int, help="DAPO: tokens before --max-length over which the over-long "
                    "penalty ramps from 0 to p (default: a fifth of --max-length, as DAPO's 4096 of 20480)")
-    g.add_argument("--reward-clip", type=float, default=10.0, help="reinforce_pp: the outcome reward is clipped to "
+    g.add_argument("--reward-clip", type=float, default=10.0, help="reinforce_pp(_baseline): the outcome reward is clipped to "
                    "[-C, C] (OpenRLHF's range)")
     g = p.add_argument_group("evaluation, checkpoints, logging")
     g.add_argument("--eval-interval", type=int, default=10, help="evaluate every N steps (0: never)")
@@ -268,13 +289,16 @@ def resolve_device(device, parser):
 def check_args(args, parser):
     """Reject values that would fail later, or silently do nothing, with a message naming the option."""
     at_least = {"group_size": 2, "rollouts_per_step": 1, "train_batch_size": 1, "generation_batch_size": 1,
-                "epochs_per_step": 1, "max_length": 1, "max_steps": 1, "lora_r": 1, "eval_prompts": 1}
+                "epochs_per_step": 1, "updates_per_step": 1, "max_length": 1, "max_steps": 1, "lora_r": 1, "eval_prompts": 1}
     if args.algorithm == "reinforce_pp" and not args.dynamic_sampling:
         at_least["group_size"] = 1  # REINFORCE++ needs no groups: one completion per prompt is enough
     for name, low in at_least.items():
         if getattr(args, name) < low:
             why = " (GRPO compares completions within a group)" if name == "group_size" else ""
             parser.error(f"--{name.replace('_', '-')} must be at least {low}, got {getattr(args, name)}{why}")
+    if args.updates_per_step > args.rollouts_per_step * args.group_size:
+        parser.error(f"--updates-per-step {args.updates_per_step}: a step has only {args.rollouts_per_step * args.group_size} "
+                     "sequences (rollouts-per-step x group-size) to split into mini-batches")
     for name in ("eval_interval", "checkpoint_interval", "keep_checkpoints", "log_completions_interval", "warmup_steps",
                  "max_extra_rounds", "overlong_penalty"):
         if getattr(args, name) < 0:
@@ -288,6 +312,8 @@ def check_args(args, parser):
             parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if args.kl_weight < 0:
         parser.error(f"--kl-weight must be 0 or more, got {args.kl_weight}")
+    if args.clip_eps_low > 1:
+        parser.error(f"--clip-eps-low must be at most 1 (a ratio is never below 0), got {args.clip_eps_low}")
     if not 0 <= args.overlong_buffer <= args.max_length:
         parser.error(f"--overlong-buffer must be between 0 and --max-length ({args.max_length}), got {args.overlong_buffer}")
     if not args.lora and args.quantization != "none":
@@ -745,11 +771,26 @@ def sample_token(logits, temperature, top_p):
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         keep = sorted_probs.cumsum(-1) - sorted_probs < top_p
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs * keep)
-    # Inverse-CDF sampling, one uniform number per row: on a CPU with a 262k vocabulary this is
-    # about 20x faster than torch.multinomial, and it draws from the same distribution.
-    cdf = probs.cumsum(-1)
-    u = torch.rand(cdf.shape[0], 1, device=cdf.device) * cdf[:, -1:]
-    return torch.searchsorted(cdf, u, right=True).clamp(max=cdf.shape[-1] - 1).squeeze(-1)
+    # Inverse-CDF sampling in two levels, each in float64: a block of SAMPLING_BLOCK tokens with probability its
+    # mass, then a token within it. One float32 cumsum over a 262k vocabulary cannot add a p < 3e-8 to a total
+    # near 1 (those tokens could never be drawn); this draws every token with its probability, and is about
+    # 400x faster than torch.multinomial on this CPU (0.2 ms for 16 rows of 262k).
+    rows, vocab = probs.shape
+    if vocab % SAMPLING_BLOCK:
+        probs = torch.nn.functional.pad(probs, (0, -vocab % SAMPLING_BLOCK))  # zeros: never drawn
+    blocks = probs.view(rows, -1, SAMPLING_BLOCK)
+    block = inverse_cdf(blocks.sum(-1).double())  # P(block b) = sum of its probabilities
+    token = inverse_cdf(blocks[torch.arange(rows, device=probs.device), block].double())  # P(token | block b)
+    return block * SAMPLING_BLOCK + token
+
+
+def inverse_cdf(weights):
+    """weights [rows, n] >= 0 -> one index per row, index i with probability w_i / sum(w): the first i whose
+    cumulative weight exceeds u ~ U[0, sum(w)). A weight of 0 is never drawn, the last index included."""
+    cdf = weights.cumsum(-1)
+    total = cdf[:, -1:]
+    u = torch.minimum(torch.rand_like(total) * total, torch.nextafter(total, torch.zeros_like(total)))  # u < total
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1)
 
 
 def stop_token_ids(model, tokenizer):
@@ -884,16 +925,17 @@ def concat_rollouts(parts, pad_id):
 
 
 def dynamic_sampling(model, tokenizer, train_tasks, result, position, args, score):
-    """DAPO's dynamic sampling. A group whose rewards are all equal has A = 0 for every completion and carries no
-    gradient, only a smaller batch. Drop such groups and roll out the next prompts of the data (as many as groups
-    are missing) until the batch holds --rollouts-per-step groups with spread or --max-extra-rounds extra rounds
-    are spent. Returns the rollout to train on (None if no group had spread), the data position after every prompt
-    used, the number of groups dropped and the number of extra rounds."""
+    """DAPO's dynamic sampling, on accuracy as in DAPO and verl: a group whose completions are all right or all wrong
+    (equal correctness) says nothing about accuracy; whatever spread format or length adds, it is dropped. Roll out
+    the next prompts of the data (as many as groups are missing) until the batch holds --rollouts-per-step groups with
+    spread or --max-extra-rounds extra rounds are spent. Returns the rollout to train on (None if no group had
+    spread), the data position after every prompt used, the number of groups dropped, the number of extra rounds
+    and the number of groups still missing when the cap was hit."""
     kept, dropped, extra_rounds = [], 0, 0
     while True:
-        rewards = result.rewards.view(-1, args.group_size)
-        spread = (rewards.max(1).values > rewards.min(1).values).nonzero().flatten()
-        dropped += len(rewards) - len(spread)
+        correct = result.terms["correctness"].view(-1, args.group_size)
+        spread = (correct.amax(1) > correct.amin(1)).nonzero().flatten()
+        dropped += len(correct) - len(spread)
         if len(spread):
             kept.append(take_groups(result, spread, args.group_size))
         missing = args.rollouts_per_step - sum(len(part.rewards) for part in kept) // args.group_size
@@ -905,7 +947,7 @@ def dynamic_sampling(model, tokenizer, train_tasks, result, position, args, scor
         result = rollout(model, tokenizer, prompts, [t["answer"] for t in tasks], args.group_size, args.max_length,
                          args.temperature, args.top_p, args.generation_batch_size, score, [t["metadata"] for t in tasks])
         result = with_overlong_penalty(result, args)
-    return (concat_rollouts(kept, tokenizer.pad_token_id) if kept else None), position, dropped, extra_rounds
+    return (concat_rollouts(kept, tokenizer.pad_token_id) if kept else None), position, dropped, extra_rounds, missing
 
 
 # ----------------------------------------------------------------------------------------------
@@ -918,25 +960,31 @@ def group_advantages(rewards, eps=1e-4, algorithm="grpo"):
 
     std is the sample standard deviation (Bessel's correction, as in TRL). A group whose rewards are
     all equal gets A = 0: it carries no gradient.
-      grpo, dapo     A_i = (r_i - mean(r)) / (std(r) + eps)
-      drgrpo         A_i = r_i - mean(r): dividing by std weighs questions the policy nearly always gets right
-                     (or wrong) more than the rest, a difficulty bias; without it every question counts the same
-      reinforce_pp   A_i = r_i: no group statistics; train_step turns r into per-token returns"""
+      grpo, dapo, gspo, cispo  A_i = (r_i - mean(r)) / (std(r) + eps)
+      drgrpo                   A_i = r_i - mean(r): dividing by std weighs questions the policy nearly always gets
+                               right (or wrong) more than the rest, a difficulty bias; without it every question counts
+      reinforce_pp             A_i = r_i: no group statistics; train_step turns r into per-token returns
+      reinforce_pp_baseline    A_i = r_i - mean(r): the group mean as baseline, then the same per-token returns"""
     if algorithm == "reinforce_pp":
         return rewards
     mean = rewards.mean(dim=1, keepdim=True)
-    if algorithm == "drgrpo":
-        return rewards - mean  # A_i = r_i - mean(r)
+    spread = rewards.amax(dim=1, keepdim=True) > rewards.amin(dim=1, keepdim=True)  # float rounding of the mean
+    if algorithm in ("drgrpo", "reinforce_pp_baseline"):  # leaves r - mean ~1e-7 in an all-equal group
+        return torch.where(spread, rewards - mean, 0.0)  # A_i = r_i - mean(r)
     std = rewards.std(dim=1, keepdim=True)
-    return (rewards - mean) / (std + eps)
+    return torch.where(spread, (rewards - mean) / (std + eps), 0.0)
 
 
-def reinforce_pp_advantages(rewards, log_probs, ref_log_probs, action_mask, kl_weight, reward_clip, eps=1e-8):
-    """REINFORCE++: per-token advantages with no group and no critic. rewards [B] are the outcome rewards;
-    log_probs [B, T] are pi_old's (the policy that sampled), ref_log_probs pi_ref's (None when beta = 0).
+def reinforce_pp_advantages(rewards, log_probs, ref_log_probs, action_mask, kl_weight, reward_clip, var_floor=1e-8):
+    """REINFORCE++: per-token advantages with no critic. rewards [B] are the outcome rewards (reinforce_pp_baseline:
+    minus their group's mean); log_probs [B, T] are pi_old's (the policy that sampled), ref_log_probs pi_ref's (None
+    when beta = 0).
 
     The KL to the reference lives in the reward, estimated per token by k1 = log pi_old - log pi_ref (whose sum
-    over a completion is an unbiased estimate of the sequence KL), and gamma = 1."""
+    over a completion is an unbiased estimate of the sequence KL), and gamma = 1. The returns are whitened over
+    every action token of the batch with the variance floored, as OpenRLHF does: when all returns are equal
+    (rewards all equal, no KL) float rounding leaves a std of ~1e-8, and dividing by std + 1e-8 would turn it into
+    advantages of +-1 on every token; with the floor they stay ~1e-4."""
     mask = action_mask.to(log_probs.dtype)
     kl = torch.zeros_like(log_probs) if ref_log_probs is None else (log_probs - ref_log_probs) * mask  # KL_t (k1)
     per_token = -kl_weight * kl  # r_t = -beta * KL_t
@@ -945,8 +993,8 @@ def reinforce_pp_advantages(rewards, log_probs, ref_log_probs, action_mask, kl_w
     per_token[torch.arange(len(last), device=last.device), last] += outcome  # r_T += clip(r, -C, C), T the last action
     returns = per_token.flip(1).cumsum(1).flip(1) * mask  # G_t = sum_{k >= t} r_k
     mean = masked_mean(returns, mask)  # over every action token of the batch
-    std = masked_mean((returns - mean) ** 2, mask).sqrt()
-    return (returns - mean) / (std + eps) * mask  # A_t = (G_t - mean(G)) / (std(G) + eps)
+    var = masked_mean((returns - mean) ** 2, mask)
+    return (returns - mean) * var.clamp(min=var_floor).rsqrt() * mask  # A_t = (G_t - mean(G)) / sqrt(max(var(G), floor))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -961,9 +1009,10 @@ def masked_mean(x, mask, dim=None):
     return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
 
 
-def token_log_probs(model, hidden, actions):
-    """log pi(a | h) = z_a - logsumexp(z) with z = W h, and the entropy of pi(. | h), for a chunk of rows."""
-    logits = output_logits(model, hidden)
+def token_log_probs(model, hidden, actions, temperature=1.0):
+    """log pi(a | h) = z_a - logsumexp(z) with z = W h / T, and the entropy of pi(. | h), for a chunk of rows.
+    T is the sampling temperature: pi is softmax(W h / T), the distribution the sampler drew from."""
+    logits = output_logits(model, hidden) / temperature
     log_z = logits.logsumexp(dim=-1)
     log_probs = logits.gather(-1, actions.unsqueeze(-1)).squeeze(-1) - log_z
     with torch.no_grad():  # H = logsumexp(z) - sum_a p(a) z_a, logged only
@@ -971,9 +1020,10 @@ def token_log_probs(model, hidden, actions):
     return log_probs, entropy
 
 
-def sequence_log_probs(model, input_ids, attention_mask, num_actions=None):
+def sequence_log_probs(model, input_ids, attention_mask, num_actions=None, temperature=1.0):
     """Per-token log-probs [B, T] of the last T = num_actions tokens (the completion), and the policy's
-    entropy at each of them. Masked positions hold 0.
+    entropy at each of them, under softmax(logits / temperature): the sampling temperature, so that
+    pi_theta, pi_old and pi_ref are the distribution the sampler drew from. Masked positions hold 0.
 
     Only the action tokens reach the output layer (not the prompt, not the padding after EOS), in
     chunks of at most LOGITS_CHUNK_ELEMENTS logits, each recomputed in the backward pass instead of
@@ -989,9 +1039,9 @@ def sequence_log_probs(model, input_ids, attention_mask, num_actions=None):
     log_probs, entropy = [], []
     for h, a in zip(hidden.split(chunk), actions.split(chunk)):
         if torch.is_grad_enabled():
-            lp, ent = checkpoint(token_log_probs, model, h, a, use_reentrant=False)
+            lp, ent = checkpoint(token_log_probs, model, h, a, temperature, use_reentrant=False)
         else:
-            lp, ent = token_log_probs(model, h, a)
+            lp, ent = token_log_probs(model, h, a, temperature)
         log_probs.append(lp)
         entropy.append(ent)
     zeros = torch.zeros(action_mask.shape, device=hidden.device)
@@ -1006,42 +1056,56 @@ def approx_kl(log_probs, ref_log_probs, mask):
 
 def grpo_loss(log_probs, old_log_probs, advantages, action_mask, clip_eps=0.2, ref_log_probs=None, kl_weight=0.0,
               algorithm="grpo", clip_eps_high=None, max_length=None):
-    """The GRPO objective, negated for minimisation, and its statistics.
+    """The objective of --algorithm, negated for minimisation, and its statistics. rho = pi_theta / pi_old per token,
+    eps_low = clip_eps, eps_high = clip_eps_high (default: clip_eps), KL the k3 estimator; per token:
 
-    per token:  -min(rho * A, clip(rho, 1 - eps_low, 1 + eps_high) * A) + beta * KL,  rho = pi_theta / pi_old
-    with eps_low = clip_eps and eps_high = clip_eps_high (default: clip_eps), then, by algorithm:
-      grpo                  the mean over each sequence's tokens, then the mean over sequences
-      drgrpo                each sequence's token sum / max_length (the generation budget), then the mean over sequences
-      dapo, reinforce_pp    the mean over every token of the batch
-    advantages: [B], one per completion, or [B, T], one per token (reinforce_pp)."""
+      grpo, drgrpo, dapo, reinforce_pp(_baseline)  -min(rho * A, clip(rho, 1 - eps_low, 1 + eps_high) * A) + beta * KL
+      gspo    the same with one ratio per sequence, s_i = exp(mean_t log rho_t), in place of rho (GSPO)
+      cispo   -sg(clip(rho, 1 - eps_low, 1 + eps_high)) * A * log pi_theta + beta * KL: the weight is clipped,
+              no token's gradient is dropped (CISPO)
+
+    then, by algorithm:
+      grpo, gspo                              the mean over each sequence's tokens, then the mean over sequences
+      drgrpo                                  each sequence's token sum / max_length (the budget), then the mean over sequences
+      dapo, cispo, reinforce_pp(_baseline)    the mean over every token of the batch
+    advantages: [B], one per completion, or [B, T], one per token (reinforce_pp, reinforce_pp_baseline)."""
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1)  # [B, 1]: one advantage for every token of a completion
     clip_eps_high = clip_eps if clip_eps_high is None else clip_eps_high
-    ratio = (log_probs - old_log_probs).exp()
+    ratio = (log_probs - old_log_probs).exp()  # rho_t = pi_theta(o_t) / pi_old(o_t)
+    if algorithm == "gspo":  # s_i = exp(1/|o_i| sum_t log rho_t): the geometric mean of the sequence's token ratios
+        ratio = masked_mean(log_probs - old_log_probs, action_mask, dim=1).exp().unsqueeze(-1)  # [B, 1]
     clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps_high)  # DAPO's clip-higher: eps_high > eps_low lets rare tokens rise
-    per_token = -torch.min(ratio * advantages, clipped * advantages)
+    if algorithm == "cispo":
+        per_token = -clipped.detach() * advantages * log_probs  # -sg(clip(rho, 1 - eps_low, 1 + eps_high)) * A * log pi
+    else:
+        per_token = -torch.min(ratio * advantages, clipped * advantages)  # -min(rho * A, clip(rho) * A)
     kl = torch.zeros_like(log_probs)
     if ref_log_probs is not None:
         kl = approx_kl(log_probs, ref_log_probs, action_mask)
         per_token = per_token + kl_weight * kl
-    if algorithm == "grpo":  # 1/G sum_i 1/|o_i| sum_t: a token of a short completion weighs more (length bias)
+    if algorithm in ("grpo", "gspo"):  # 1/G sum_i 1/|o_i| sum_t: a token of a short completion weighs more (length bias)
         loss = masked_mean(per_token, action_mask, dim=1).mean()
     elif algorithm == "drgrpo":  # 1/G sum_i 1/L_max sum_t: every token weighs the same, L_max a constant
         if max_length is None:
             raise ValueError("drgrpo divides each completion's token sum by the generation budget: pass max_length")
         loss = ((per_token * action_mask).sum(dim=1) / max_length).mean()
-    elif algorithm in ("dapo", "reinforce_pp"):  # 1/sum_i |o_i| sum_i sum_t: every token of the batch weighs the same
+    elif algorithm in TOKEN_LEVEL:  # 1/sum_i |o_i| sum_i sum_t: every token of the batch weighs the same
         loss = masked_mean(per_token, action_mask)
     else:
         raise ValueError(f"unknown algorithm {algorithm!r}; expected one of {', '.join(ALGORITHMS)}")
-    clipped_low = (ratio < 1 - clip_eps) & (advantages < 0)  # the clip stops a bad token's ratio from falling further
-    clipped_high = (ratio > 1 + clip_eps_high) & (advantages > 0)  # ... and a good token's from rising further
+    if algorithm == "cispo":  # the weight is capped whatever the sign of A (the token's gradient stays)
+        clipped_low, clipped_high = ratio < 1 - clip_eps, ratio > 1 + clip_eps_high
+    else:
+        clipped_low = (ratio < 1 - clip_eps) & (advantages < 0)  # the clip stops a bad token's ratio from falling further
+        clipped_high = (ratio > 1 + clip_eps_high) & (advantages > 0)  # ... and a good token's from rising further
+    clipped_low, clipped_high = clipped_low.expand_as(log_probs), clipped_high.expand_as(log_probs)  # gspo: [B, 1]
     stats = {
         "kl": masked_mean(kl, action_mask, dim=1).mean().item(),
         "clip_fraction": masked_mean((clipped_low | clipped_high).float(), action_mask).item(),
         "clip_fraction_low": masked_mean(clipped_low.float(), action_mask).item(),
         "clip_fraction_high": masked_mean(clipped_high.float(), action_mask).item(),
-        "ratio": masked_mean(ratio, action_mask).item(),
+        "ratio": masked_mean(ratio.expand_as(log_probs), action_mask).item(),
     }
     return loss, stats
 
@@ -1206,54 +1270,69 @@ def next_prompts(tasks, count, position, seed):
     return batch, (data_pass, index)
 
 
-def train_step(model, batch, args, optimizer, reference=None):
-    """One update of --algorithm on a rollout batch; returns the statistics to log. The batch's advantages are
-    group_advantages' [B]: for reinforce_pp these are the outcome rewards, made into per-token advantages here."""
+def train_step(model, batch, args, optimizer, scheduler, reference=None):
+    """Updates of --algorithm on a rollout batch: --epochs-per-step passes over it, each split into --updates-per-step
+    mini-batches of one optimizer update each. Returns the statistics to log, averaged over the updates. The batch's
+    advantages are group_advantages' [B]: for reinforce_pp(_baseline) the outcome rewards (minus the group mean),
+    made into per-token advantages here."""
     ids, attention, action_mask, advantages = batch
     n, num_actions = ids.shape[0], action_mask.shape[1]
     micro_batches = torch.arange(n).split(args.train_batch_size)
+    reinforce = args.algorithm in ("reinforce_pp", "reinforce_pp_baseline")
 
     ref_log_probs = None
     if args.kl_weight > 0 or args.log_kl:  # pi_ref, once per rollout; skipped entirely when beta = 0 (unless --log-kl)
         ref_log_probs = torch.zeros(n, num_actions, device=ids.device)
         with torch.no_grad(), reference_policy(model, reference) as ref_model:
             for idx in micro_batches:
-                ref_log_probs[idx] = sequence_log_probs(ref_model, ids[idx], attention[idx], num_actions)[0]
+                ref_log_probs[idx] = sequence_log_probs(ref_model, ids[idx], attention[idx], num_actions, args.temperature)[0]
 
+    # pi_old, the policy that sampled. With one update and no dropout it is pi_theta before the update, recorded
+    # from the first forward pass below at no cost. Otherwise a later mini-batch would see weights already
+    # updated, and LoRA dropout a mask the sampler never used: then one no-grad pass in eval mode first (as for
+    # REINFORCE++, whose per-token rewards need pi_old at every token before the first update).
     old_log_probs = torch.zeros(n, num_actions, device=ids.device)
-    if args.algorithm == "reinforce_pp":  # the per-token rewards need pi_old at every token before the first update
+    record_old = args.updates_per_step == 1 and args.lora_dropout == 0 and not reinforce
+    if not record_old:
+        model.eval()
         with torch.no_grad():
             for idx in micro_batches:
-                old_log_probs[idx] = sequence_log_probs(model, ids[idx], attention[idx], num_actions)[0]
+                old_log_probs[idx] = sequence_log_probs(model, ids[idx], attention[idx], num_actions, args.temperature)[0]
+        model.train()
+    if reinforce:
         advantages = reinforce_pp_advantages(advantages, old_log_probs, ref_log_probs, action_mask, args.kl_weight,
                                              args.reward_clip)
-    kl_weight = 0.0 if args.algorithm == "reinforce_pp" else args.kl_weight  # REINFORCE++: the KL is in the reward
-    token_level = args.algorithm in ("dapo", "reinforce_pp")
+    kl_weight = 0.0 if reinforce else args.kl_weight  # REINFORCE++: the KL is in the reward
+    token_level = args.algorithm in TOKEN_LEVEL
+
+    updates = [rows.split(args.train_batch_size) for rows in torch.arange(n).tensor_split(args.updates_per_step) if len(rows)]
+    num_updates = args.epochs_per_step * len(updates)
     totals = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "clip_fraction_low": 0.0, "clip_fraction_high": 0.0,
-              "entropy": 0.0}
+              "entropy": 0.0, "grad_norm": 0.0, "lr": 0.0}
     params = [p for p in model.parameters() if p.requires_grad]
     for epoch in range(args.epochs_per_step):
-        optimizer.zero_grad(set_to_none=True)
-        for idx in micro_batches:
-            log_probs, entropy = sequence_log_probs(model, ids[idx], attention[idx], num_actions)
-            # pi_old is pi_theta before the first update: recorded here, no extra forward pass (reinforce_pp has it already)
-            if epoch == 0 and args.algorithm != "reinforce_pp":
-                old_log_probs[idx] = log_probs.detach()
-            loss, stats = grpo_loss(log_probs, old_log_probs[idx], advantages[idx], action_mask[idx], args.clip_eps_low,
-                                    None if ref_log_probs is None else ref_log_probs[idx], kl_weight,
-                                    args.algorithm, args.clip_eps_high, args.max_length)
-            # The micro-batch's share of the batch, in sequences (a mean over sequences) or in action tokens (a mean
-            # over the batch's tokens: DAPO, REINFORCE++): the weighted sum is the mean over the whole rollout batch.
-            share = action_mask[idx].sum().item() / action_mask.sum().item() if token_level else len(idx) / n
-            (loss * share).backward()  # the mean over the whole rollout batch, accumulated
-            weight = share / args.epochs_per_step
-            totals["loss"] += loss.item() * weight
-            for name in ("kl", "clip_fraction", "clip_fraction_low", "clip_fraction_high"):
-                totals[name] += stats[name] * weight
-            totals["entropy"] += masked_mean(entropy, action_mask[idx]).item() * weight
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
-        optimizer.step()
-    totals["grad_norm"] = grad_norm.item()
+        for update in updates:
+            size, tokens = sum(map(len, update)), sum(action_mask[idx].sum().item() for idx in update)
+            optimizer.zero_grad(set_to_none=True)
+            for idx in update:
+                log_probs, entropy = sequence_log_probs(model, ids[idx], attention[idx], num_actions, args.temperature)
+                if epoch == 0 and record_old:
+                    old_log_probs[idx] = log_probs.detach()
+                loss, stats = grpo_loss(log_probs, old_log_probs[idx], advantages[idx], action_mask[idx], args.clip_eps_low,
+                                        None if ref_log_probs is None else ref_log_probs[idx], kl_weight,
+                                        args.algorithm, args.clip_eps_high, args.max_length)
+                # The micro-batch's share of its mini-batch, in sequences (a mean over sequences) or in action tokens
+                # (a mean over tokens: DAPO, CISPO, REINFORCE++): the weighted sum is the mean over the mini-batch.
+                share = action_mask[idx].sum().item() / tokens if token_level else len(idx) / size
+                (loss * share).backward()  # the mean over the mini-batch, accumulated
+                totals["loss"] += loss.item() * share / num_updates
+                for name in ("kl", "clip_fraction", "clip_fraction_low", "clip_fraction_high"):
+                    totals[name] += stats[name] * share / num_updates
+                totals["entropy"] += masked_mean(entropy, action_mask[idx]).item() * share / num_updates
+            totals["grad_norm"] += torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm).item() / num_updates
+            totals["lr"] += optimizer.param_groups[0]["lr"] / num_updates  # the rate this update used
+            optimizer.step()
+            scheduler.step()  # the schedule counts optimizer updates
     if ref_log_probs is None:
         del totals["kl"]  # not measured (no reference pass): log nothing rather than a 0
     return totals
@@ -1302,7 +1381,7 @@ def run(args):
     reference = None
     if not args.lora and (args.kl_weight > 0 or args.log_kl):  # full fine-tuning: a frozen copy is the only way to keep pi_ref
         reference = copy.deepcopy(model).eval().requires_grad_(False)
-    # linear warm-up, then constant: lr_t = lr * min(1, (t + 1) / (warmup + 1))
+    # linear warm-up, then constant: lr_t = lr * min(1, (t + 1) / (warmup + 1)), t counting optimizer updates
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: min(1.0, (t + 1) / (args.warmup_steps + 1)))
     step, position = 0, (0, 0)
     if checkpoint_dir:
@@ -1335,10 +1414,13 @@ def run(args):
             rollout_seconds = time.perf_counter() - started
             result = with_overlong_penalty(result, args)  # DAPO: completions near or at the budget lose reward
             rewards = result.rewards.view(-1, args.group_size)
-            trained, dropped, extra_rounds = result, 0, 0
-            if args.dynamic_sampling:  # DAPO: groups without spread out, the next prompts of the data in
-                trained, next_position, dropped, extra_rounds = dynamic_sampling(
+            trained, dropped, extra_rounds, missing = result, 0, 0, 0
+            if args.dynamic_sampling:  # DAPO: groups all right or all wrong out, the next prompts of the data in
+                trained, next_position, dropped, extra_rounds, missing = dynamic_sampling(
                     model, tokenizer, train_tasks, result, next_position, args, score)
+                if trained is None:
+                    progress.write(f"step {step + 1}: no group with both right and wrong answers after "
+                                   f"{extra_rounds} extra rounds (--max-extra-rounds): nothing to train on, no update")
 
             # Update the policy on that batch (dynamic sampling may leave no group to learn from: the step still counts).
             stats = {}
@@ -1348,8 +1430,7 @@ def run(args):
                     model.train()
                     batch = (trained.sequence_ids, trained.attention_mask, trained.action_mask,
                              advantages.flatten().to(args.device))
-                    stats = train_step(model, batch, args, optimizer, reference)
-                    scheduler.step()
+                    stats = train_step(model, batch, args, optimizer, scheduler, reference)
                 step, position = step + 1, next_position
 
             generated = result.action_mask.sum().item()
@@ -1367,8 +1448,8 @@ def run(args):
                 "rollout/groups_dropped": dropped,
                 "rollout/extra_rounds": extra_rounds,
                 "rollout/groups_trained": 0 if trained is None else len(trained.rewards) // args.group_size,
+                "rollout/groups_missing": missing,  # dynamic sampling hit --max-extra-rounds this many groups short
                 **{f"train/{k}": v for k, v in stats.items()},
-                "train/lr": scheduler.get_last_lr()[0],
                 "perf/step_seconds": seconds,
                 "perf/rollout_seconds": rollout_seconds,
                 "perf/tokens_per_second": generated / rollout_seconds,

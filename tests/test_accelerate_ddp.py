@@ -162,7 +162,8 @@ GRADIENT_CHECK = textwrap.dedent('''
 
     optimizer = torch.optim.SGD([p for _, p in trainable], lr=0.0)
     policy, optimizer = accelerator.prepare(ddp.PolicyLogProbs(model), optimizer)
-    ddp.train_step(policy, (ids, attention, action_mask, advantages), args, optimizer, accelerator, total)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: 1.0)
+    ddp.train_step(policy, (ids, attention, action_mask, advantages), args, optimizer, schedule, accelerator, total)
     synced = [p.grad for _, p in trainable]
     close = lambda a, b: all(((x - y).norm() / y.norm()).item() < 1e-4 for x, y in zip(a, b))  # relative to the norm
     frozen = [p for p in model.parameters() if not p.requires_grad]

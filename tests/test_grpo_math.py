@@ -183,3 +183,146 @@ def test_quantized_gradients_survive_an_eval_forward(experiment, tiny_model_dir,
     assert first_layer and all(before[n].abs().sum() > 0 for n in first_layer)
     for name in before:
         assert torch.allclose(before[name], after[name], atol=1e-6), name
+
+
+# ---- exactness: each test below failed on the code before the fixes it names ----
+
+def test_zero_spread_group_gets_exactly_zero(experiment):
+    """8 rewards of 1.2: float32 rounding of their mean leaves std ~1e-7, and (r - mean) / (std + 1e-4) was 1.2e-3."""
+    advantages = experiment.group_advantages(torch.full((1, 8), 1.2))
+    assert torch.equal(advantages, torch.zeros(1, 8))
+
+
+def test_sampler_never_draws_a_token_of_probability_zero(experiment, monkeypatch):
+    """The largest uniform number below 1 times the total rounded up to the total in float32, and the sampler
+    returned the last vocabulary id whatever its probability (here 0)."""
+    logits = torch.tensor([[0.3, 0.0, 1.2, float("-inf")]]).expand(3, 4)
+    below_one = lambda *args, **kwargs: torch.full((3, 1), 1 - 2**-24, dtype=kwargs.get("dtype", torch.float32))  # noqa: E731
+    monkeypatch.setattr(torch, "rand", below_one)
+    monkeypatch.setattr(torch, "rand_like", lambda x: torch.full_like(x, 1 - 2**-53))
+    assert (experiment.sample_token(logits, 1.0, 1.0) == 2).all()  # the last token of nonzero probability
+
+
+def test_sampler_distribution_over_several_blocks(experiment):
+    """A vocabulary of 1000 ids (blocks of 512, the last one padded): each id drawn at its probability."""
+    torch.manual_seed(0)
+    probs = torch.full((1000,), 0.2 / 996)
+    probs[[3, 511, 512, 999]] = torch.tensor([0.3, 0.2, 0.1, 0.2])
+    counts = torch.bincount(experiment.sample_token(probs.log().expand(40000, 1000), 1.0, 1.0), minlength=1000) / 40000
+    assert torch.allclose(counts[[3, 511, 512, 999]], torch.tensor([0.3, 0.2, 0.1, 0.2]), atol=0.012)
+    assert counts.sum() == pytest.approx(1.0) and counts[:511].sum() - counts[3] == pytest.approx(0.2 * 509 / 996, abs=0.012)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_log_probs_at_the_sampling_temperature(tiny, temperature):
+    """pi = softmax(logits / T), the distribution the sampler drew from (before the fix, softmax(logits) at any T)."""
+    experiment, model, tokenizer = tiny
+    ids = torch.randint(5, 60, (2, 9), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids).logits.float()
+        expected = torch.log_softmax(logits[:, :-1] / temperature, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)[:, -4:]
+        log_probs, _ = experiment.sequence_log_probs(model, ids, mask, 4, temperature)
+    assert torch.allclose(log_probs, expected, atol=1e-5)
+
+
+# train_step of the single-process copies: (model, batch, args, optimizer, scheduler, reference=None)
+SINGLE_PROCESS = ["experiment_base", "experiment_drgrpo", "experiment_multiturn_tool_calling", "experiment_multiturn_qa"]
+
+
+@pytest.fixture(params=SINGLE_PROCESS)
+def single(request, tiny_model_dir):
+    from conftest import load_experiment
+
+    return load_experiment(request.param), tiny_model_dir
+
+
+def step_setup(module, model_dir, *options):
+    """The tiny model with moved LoRA weights, a batch of 4 completions of 2-5 tokens, options parsed."""
+    args = module.parse_args(["--model-name", str(model_dir), "--device", "cpu", "--quantization", "none",
+                              "--dtype", "float32", "--group-size", "2", "--rollouts-per-step", "2", "--kl-weight", "0.1",
+                              "--lr", "1e-2", *(["--algorithm", "grpo"] if hasattr(module, "ALGORITHMS") else []), *options])
+    torch.manual_seed(0)
+    model, _ = module.load_model(args)
+    with torch.no_grad():  # LoRA's B starts at 0: move it so that the adapter changes the policy
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+    ids = torch.randint(5, 60, (4, 9), generator=torch.Generator().manual_seed(1))
+    action_mask = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0]])
+    attention = torch.cat([torch.ones(4, 4, dtype=torch.long), action_mask], dim=1)
+    batch = (ids, attention, action_mask, torch.tensor([1.0, -1.0, 0.5, -0.5]))
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: min(1.0, (t + 1) / (args.warmup_steps + 1)))
+    return args, model, batch, optimizer, scheduler
+
+
+def test_every_log_prob_of_a_step_is_taken_at_the_sampling_temperature(single, monkeypatch):
+    """pi_theta, pi_old (its own pass under LoRA dropout) and pi_ref: all at --temperature."""
+    module, model_dir = single
+    args, model, batch, optimizer, scheduler = step_setup(module, model_dir, "--temperature", "0.7", "--lora-dropout", "0.1")
+    temperatures, real = [], module.sequence_log_probs
+
+    def spy(model, input_ids, attention_mask, num_actions=None, temperature=1.0, *rest, **kwargs):
+        temperatures.append(temperature)
+        return real(model, input_ids, attention_mask, num_actions, temperature, *rest, **kwargs)
+
+    monkeypatch.setattr(module, "sequence_log_probs", spy)
+    module.train_step(model, batch, args, optimizer, scheduler)
+    assert len(temperatures) == 3 and set(temperatures) == {0.7}  # reference, pi_old, policy (one micro-batch each)
+
+
+def test_pi_old_is_the_sampling_policy_without_dropout(single, monkeypatch):
+    """With --lora-dropout, pi_old was recorded from the training forward, under a dropout mask the sampler never
+    used; it must be the eval-mode policy (and with several updates, the policy before the first of them)."""
+    module, model_dir = single
+    args, model, batch, optimizer, scheduler = step_setup(module, model_dir, "--lora-dropout", "0.5", "--updates-per-step", "2")
+    ids, attention, action_mask, _ = batch
+    model.eval()
+    with torch.no_grad():
+        extra = (action_mask,) if "multiturn" in module.__name__ else ()
+        expected = module.sequence_log_probs(model, ids, attention, 5, 1.0, *extra)[0]
+    model.train()
+    seen, real = [], module.grpo_loss
+
+    def spy(log_probs, old_log_probs, *rest, **kwargs):
+        seen.append(old_log_probs.clone())
+        return real(log_probs, old_log_probs, *rest, **kwargs)
+
+    monkeypatch.setattr(module, "grpo_loss", spy)
+    stats = module.train_step(model, batch, args, optimizer, scheduler)
+    assert len(seen) == 2  # two mini-batches of two sequences: two updates
+    assert torch.allclose(torch.cat(seen), expected, atol=1e-6)
+    assert stats["clip_fraction"] >= 0 and scheduler.last_epoch == 2
+
+
+def test_learning_rate_schedule_counts_optimizer_updates(single):
+    """--warmup-steps 2 --epochs-per-step 4: warm-up over the first 2 of the step's 4 updates (lr/3, 2lr/3, lr, lr);
+    train/lr is the mean rate the step's updates used. Before the fix the schedule moved once per step and the log
+    showed the next step's rate."""
+    module, model_dir = single
+    args, model, batch, optimizer, scheduler = step_setup(module, model_dir, "--warmup-steps", "2", "--epochs-per-step", "4")
+    stats = module.train_step(model, batch, args, optimizer, scheduler)
+    assert scheduler.last_epoch == 4
+    assert stats["lr"] == pytest.approx(1e-2 * (1 / 3 + 2 / 3 + 1 + 1) / 4)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(1e-2)
+
+
+def test_grad_norm_is_the_mean_over_the_updates(single, monkeypatch):
+    """train/grad_norm reported the last update's norm only."""
+    module, model_dir = single
+    args, model, batch, optimizer, scheduler = step_setup(module, model_dir, "--epochs-per-step", "2")
+    norms = iter([1.0, 3.0])
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda params, max_norm: torch.tensor(next(norms)))
+    assert module.train_step(model, batch, args, optimizer, scheduler)["grad_norm"] == pytest.approx(2.0)
+
+
+def test_several_updates_per_step_move_the_ratio(single):
+    """--updates-per-step 4: each mini-batch of one sequence is an update, so the later ones see pi_theta != pi_old
+    (with one update per step the ratio is exactly 1 and the clip never acts)."""
+    module, model_dir = single
+    args, model, batch, optimizer, scheduler = step_setup(module, model_dir, "--updates-per-step", "4", "--lr", "0.5",
+                                                          "--kl-weight", "0", "--clip-eps", "0.01")
+    stats = module.train_step(model, batch, args, optimizer, scheduler)
+    assert scheduler.last_epoch == 4 and stats["clip_fraction"] > 0

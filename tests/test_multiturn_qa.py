@@ -229,7 +229,7 @@ def test_two_search_episode_mask_token_by_token(tiny_qa, monkeypatch):
 
     # Log-probs come from the action positions only, and equal the full log-softmax there.
     log_probs, _ = qa.sequence_log_probs(model, result.sequence_ids, result.attention_mask,
-                                         result.action_mask.shape[1], result.action_mask)
+                                         result.action_mask.shape[1], action_mask=result.action_mask)
     logits = model(input_ids=result.sequence_ids, attention_mask=result.attention_mask,
                    position_ids=(result.attention_mask.cumsum(-1) - 1).clamp(min=0)).logits
     naive = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, result.sequence_ids[:, 1:, None]).squeeze(-1)

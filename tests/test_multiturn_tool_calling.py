@@ -224,7 +224,7 @@ def test_two_call_episode_masks_token_by_token(tiny_tool, monkeypatch):
     # Training sees what sampling saw: the log-probs that sequence_log_probs computes at the action positions
     # of the assembled rows (results in the context, left padding, positions) equal the sampler's, token by token,
     # and the tool results never reach the output layer: 0 there, as training calls it (with the action mask).
-    log_probs, _ = tool.sequence_log_probs(model, result.sequence_ids, result.attention_mask, width, result.action_mask)
+    log_probs, _ = tool.sequence_log_probs(model, result.sequence_ids, result.attention_mask, width, action_mask=result.action_mask)
     for row in range(2):
         ours = log_probs[row][result.action_mask[row].bool()]
         assert torch.allclose(ours, torch.tensor(chosen_log_probs[row]), atol=1e-4)
