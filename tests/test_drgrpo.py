@@ -132,6 +132,116 @@ def test_reinforce_pp_loss_by_hand(drgrpo):
     assert low + high > 0  # the batch does reach the clip
 
 
+def test_reinforce_pp_equal_returns_give_no_advantage(drgrpo):
+    """16 completions of random length, every reward 0.1, no KL: every return is 0.1. (G - mean) / (std + 1e-8) made
+    float rounding (std ~1e-8) into A = -0.6 on every token, and one update pushed every sampled token down; with the
+    variance floored (OpenRLHF) the advantages stay ~1e-4."""
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1, 33, (16,), generator=g)
+    mask = (torch.arange(32) < lengths[:, None]).float()
+    old = torch.log(torch.rand(16, 32, generator=g))
+    advantages = drgrpo.reinforce_pp_advantages(torch.full((16,), 0.1), old, None, mask, kl_weight=0.0, reward_clip=10.0)
+    assert advantages.abs().max() < 1e-3
+
+
+def test_reinforce_pp_baseline_by_hand(drgrpo):
+    """REINFORCE++-baseline: the outcome reward minus its group's mean, then the same per-token returns, whitened
+    over the batch. The hand batch's zero-spread group (0.5, 0.5) has returns of -beta * KL alone."""
+    rewards = torch.tensor(REWARDS)
+    centred = drgrpo.group_advantages(rewards, algorithm="reinforce_pp_baseline")
+    assert centred.tolist() == [[0.5, -0.5], [0.0, 0.0]]
+    old = torch.log(torch.full((4, 3), 0.5))
+    ref = old - torch.tensor(K1)
+    mask = torch.tensor(MASK, dtype=torch.float32)
+    advantages = drgrpo.reinforce_pp_advantages(centred.flatten(), old, ref, mask, kl_weight=0.1, reward_clip=10.0)
+    returns = [[0.48, 0.49, 0.47], [-0.53, -0.51, None], [-0.05, None, None], [-0.04, -0.04, -0.04]]  # G_t by hand
+    values = [g for row in returns for g in row if g is not None]
+    mean, std = sum(values) / 9, statistics.pstdev(values)
+    expected = [[0.0 if g is None else (g - mean) / std for g in row] for row in returns]
+    assert torch.allclose(advantages, torch.tensor(expected), atol=1e-5)
+
+
+# GSPO on the hand batch: one ratio per sequence, s_i = exp(mean_t log rho_t), clipped to [1 - 0.2, 1 + 0.28]:
+#   seq 0 (A = +a): rho 1.5, 1.25, 0.5 -> s = (1.5 * 1.25 * 0.5) ** (1/3) = 0.9787; unclipped: -s * a
+#   seq 1 (A = -a): rho 0.5, 1.5       -> s = 0.75 ** (1/2) = 0.8660; unclipped: +s * a
+#   seqs 2, 3: A = 0
+def test_gspo_loss_by_hand(drgrpo):
+    log_probs, old, mask = hand_batch()
+    advantages = drgrpo.group_advantages(torch.tensor(REWARDS), algorithm="gspo").flatten()
+    loss, stats = drgrpo.grpo_loss(log_probs, old, advantages, mask, clip_eps=0.2, algorithm="gspo", clip_eps_high=0.28)
+    s0, s1 = (1.5 * 1.25 * 0.5) ** (1 / 3), 0.75 ** 0.5
+    assert loss.item() == pytest.approx((-s0 * A + s1 * A) / 4, abs=1e-6)  # the mean over the 4 sequences
+    assert stats["clip_fraction"] == 0
+    loss.backward()
+    # d/dlogp_t of -s0 * A / 4 = -s0 * A / 4 / |o_0|: every token of a sequence gets the same gradient
+    assert torch.allclose(log_probs.grad[0], torch.full((3,), -s0 * A / 4 / 3), atol=1e-6)
+    assert torch.allclose(log_probs.grad[1, :2], torch.full((2,), s1 * A / 4 / 2), atol=1e-6)
+    assert (log_probs.grad[1, 2] == 0) and (log_probs.grad[2:] == 0).all()
+    # the paper's narrow range: s0 = 0.9787 < 1 - 3e-4 with A > 0 is not clipped (min keeps s * A); s1 with A < 0 is
+    loss, stats = drgrpo.grpo_loss(log_probs.detach(), old, advantages, mask, clip_eps=3e-4, algorithm="gspo",
+                                   clip_eps_high=4e-4)
+    assert loss.item() == pytest.approx((-s0 * A + (1 - 3e-4) * A) / 4, abs=1e-6)
+    assert stats["clip_fraction_low"] == pytest.approx(2 / 9)  # sequence 1's two tokens
+
+
+# CISPO on the hand batch, eps_low 0.2, eps_high 0.28: per token -sg(clip(rho, 0.8, 1.28)) * A * log pi, mean over 9
+def test_cispo_loss_by_hand(drgrpo):
+    log_probs, old, mask = hand_batch()
+    advantages = drgrpo.group_advantages(torch.tensor(REWARDS), algorithm="cispo").flatten()
+    loss, stats = drgrpo.grpo_loss(log_probs, old, advantages, mask, clip_eps=0.2, algorithm="cispo", clip_eps_high=0.28)
+    weights = [[1.28, 1.25, 0.8], [0.8, 1.28]]  # clip(rho) of sequences 0 and 1
+    expected = (-sum(w * A * math.log(r) for w, r in zip(weights[0], RATIOS[0]))
+                + sum(w * A * math.log(r) for w, r in zip(weights[1], RATIOS[1][:2]))) / 9
+    assert loss.item() == pytest.approx(expected, abs=1e-6)
+    # every token keeps its gradient, the clipped ones too: -clip(rho) * A / 9
+    loss.backward()
+    assert torch.allclose(log_probs.grad[0], torch.tensor([-1.28, -1.25, -0.8]) * A / 9, atol=1e-6)
+    assert torch.allclose(log_probs.grad[1, :2], torch.tensor([0.8, 1.28]) * A / 9, atol=1e-6)
+    # the weight is capped whatever the sign of A (even 0): rho 1.5 (twice) and 1.3 above 1.28; 0.5 (twice), 0.7 below 0.8
+    assert stats["clip_fraction_high"] == pytest.approx(3 / 9) and stats["clip_fraction_low"] == pytest.approx(3 / 9)
+
+
+def paper_loss(algorithm, log_probs, old, ref, advantages, mask, eps_low, eps_high, beta, max_length):
+    """Each objective written from its paper, one completion and one token at a time, in plain Python."""
+    per_sequence, tokens = [], []
+    for i in range(len(mask)):
+        n = int(sum(mask[i]))
+        a = lambda t: advantages[i][t] if isinstance(advantages[i], list) else advantages[i]  # noqa: E731
+        kl = [math.exp(ref[i][t] - log_probs[i][t]) - (ref[i][t] - log_probs[i][t]) - 1 for t in range(n)]
+        rho = [math.exp(log_probs[i][t] - old[i][t]) for t in range(n)]
+        if algorithm == "gspo":  # s_i = exp(1/|o_i| sum_t log rho_t), clipped per sequence
+            s = math.exp(sum(log_probs[i][t] - old[i][t] for t in range(n)) / n)
+            terms = [-min(s * a(t), min(max(s, 1 - eps_low), 1 + eps_high) * a(t)) + beta * kl[t] for t in range(n)]
+        elif algorithm == "cispo":  # -sg(clip(rho)) * A * log pi: the value, with the weight as a constant
+            terms = [-min(max(rho[t], 1 - eps_low), 1 + eps_high) * a(t) * log_probs[i][t] + beta * kl[t] for t in range(n)]
+        else:
+            terms = [-min(rho[t] * a(t), min(max(rho[t], 1 - eps_low), 1 + eps_high) * a(t)) + beta * kl[t] for t in range(n)]
+        tokens += terms
+        per_sequence.append(sum(terms) / (max_length if algorithm == "drgrpo" else n))
+    if algorithm in ("grpo", "gspo", "drgrpo"):
+        return sum(per_sequence) / len(per_sequence)
+    return sum(tokens) / len(tokens)  # dapo, cispo, reinforce_pp(_baseline): every token of the batch alike
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_each_loss_equals_its_paper_on_random_inputs(drgrpo, algorithm):
+    """grpo_loss against the objectives written out above, on random log-probs, lengths and advantages (per token
+    for the REINFORCE++ pair), with a KL term, at a clip range that both clips and passes tokens."""
+    g = torch.Generator().manual_seed(3)
+    lengths = torch.randint(1, 9, (6,), generator=g)
+    mask = (torch.arange(8) < lengths[:, None]).float()
+    log_probs = torch.log(torch.rand(6, 8, generator=g) * 0.9 + 0.05)
+    old = log_probs + torch.randn(6, 8, generator=g) * 0.3
+    ref = log_probs + torch.randn(6, 8, generator=g) * 0.3
+    per_token = algorithm.startswith("reinforce_pp")
+    advantages = torch.randn(6, 8, generator=g) * mask if per_token else torch.randn(6, generator=g)
+    eps_low, eps_high, beta = (1.0, 0.28, 0.05) if algorithm == "cispo" else (0.2, 0.28, 0.05)
+    loss, _ = drgrpo.grpo_loss(log_probs, old, advantages, mask, eps_low, ref, beta, algorithm, eps_high, max_length=8)
+    expected = paper_loss(algorithm, log_probs.tolist(), old.tolist(), ref.tolist(), advantages.tolist(), mask.tolist(),
+                          eps_low, eps_high, beta, 8)
+    assert loss.item() == pytest.approx(expected, rel=1e-5, abs=1e-6)
+
+
 @pytest.mark.parametrize("algorithm", ["grpo", "drgrpo"])
 def test_length_bias(drgrpo, algorithm):
     """Two completions with the same advantage, of 2 and 4 tokens: Dr.GRPO gives each token the same gradient;
@@ -201,6 +311,19 @@ def test_dynamic_sampling_refills_the_batch(drgrpo, monkeypatch):
     assert batch.sequence_ids[-1].tolist() == [12] * 9
 
 
+def test_dynamic_sampling_filters_on_accuracy_not_reward(drgrpo, monkeypatch):
+    """Groups all wrong whose rewards still differ (format credit, say) carry no accuracy signal: DAPO drops them."""
+    calls = []
+    monkeypatch.setattr(drgrpo, "rollout", scripted_rollout(drgrpo, [[True, False, True, True], [True]], calls))
+    tokenizer, tasks = SimpleNamespace(pad_token_id=0), [{"question": f"q{i}", "answer": "1", "metadata": {}} for i in range(20)]
+    first = drgrpo.rollout(None, tokenizer, ["p"] * 4, ["1"] * 4, 2, 8)
+    first.terms["correctness"][2:4] = 0.0  # group 1 all wrong, its rewards (1, 0) still spread
+    batch, position, dropped, extra_rounds, missing = drgrpo.dynamic_sampling(None, tokenizer, tasks, first, (0, 4),
+                                                                              sampling_args(drgrpo), None)
+    assert (dropped, extra_rounds, missing) == (1, 1, 0) and calls == [4, 1]
+    assert batch.completions[::2] == ["round0-prompt0-0", "round0-prompt2-0", "round0-prompt3-0", "round1-prompt0-0"]
+
+
 def test_dynamic_sampling_cap_stops_an_endless_loop(drgrpo, monkeypatch):
     calls = []
     monkeypatch.setattr(drgrpo, "rollout", scripted_rollout(drgrpo, [[False] * 4], calls))  # never any spread
@@ -209,7 +332,7 @@ def test_dynamic_sampling_cap_stops_an_endless_loop(drgrpo, monkeypatch):
     batch, position, dropped, extra_rounds, missing = drgrpo.dynamic_sampling(None, tokenizer, tasks, first, (0, 4),
                                                                      sampling_args(drgrpo), None)
     assert calls == [4, 4, 4, 4] and batch is None
-    assert (dropped, extra_rounds, position) == (16, 3, (0, 16))
+    assert (dropped, extra_rounds, position, missing) == (16, 3, (0, 16), 4)  # the cap hit 4 groups short
 
 
 def test_a_step_without_spread_counts_but_does_not_update(drgrpo, tiny_model_dir, tmp_path, monkeypatch):
@@ -224,6 +347,7 @@ def test_a_step_without_spread_counts_but_does_not_update(drgrpo, tiny_model_dir
     assert sorted(scalars["rollout/extra_rounds"]) == [(1, 3.0), (2, 3.0)]
     assert sorted(scalars["rollout/groups_dropped"]) == [(1, 8.0), (2, 8.0)]
     assert sorted(scalars["rollout/groups_trained"]) == [(1, 0.0), (2, 0.0)]
+    assert sorted(scalars["rollout/groups_missing"]) == [(1, 2.0), (2, 2.0)]  # logged when the cap is hit
     assert "train/loss" not in scalars
     state = torch.load(tmp_path / "out" / "r" / "step_000002" / "training_state.pt", weights_only=False)
     assert state["step"] == 2 and state["data_position"] == [0, 16]  # 2 steps x (2 + 3 extra rounds x 2) prompts
@@ -257,7 +381,7 @@ def test_micro_batches_give_the_whole_batch_gradient(drgrpo, tiny_model_dir, alg
     torch.manual_seed(0)
     args = drgrpo.parse_args(["--model-name", str(tiny_model_dir), "--device", "cpu", "--quantization", "none",
                               "--dtype", "float32", "--algorithm", algorithm, "--max-length", "5", "--kl-weight", "0.1",
-                              "--max-grad-norm", "1e9"])
+                              "--max-grad-norm", "1e9", "--updates-per-step", "1"])  # one update: the whole batch
     model, tokenizer = drgrpo.load_model(args)
     model.train()
     with torch.no_grad():  # LoRA's B starts at 0: move it so that every adapter weight has a gradient

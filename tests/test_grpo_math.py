@@ -203,6 +203,16 @@ def test_sampler_never_draws_a_token_of_probability_zero(experiment, monkeypatch
     assert (experiment.sample_token(logits, 1.0, 1.0) == 2).all()  # the last token of nonzero probability
 
 
+def test_sampler_keeps_probabilities_below_float32_resolution(experiment, monkeypatch):
+    """p = (0.5, 1e-9, 0.5): a float32 cumulative sum gives (0.5, 0.5, 1.0), so the middle token, whose interval is
+    [0.5, 0.5 + 1e-9), could never be drawn (in a 262k vocabulary, every token below 3e-8 behind a total near 1).
+    In float64 the interval is there: u = 0.5 of the total lands in it."""
+    logits = torch.tensor([[0.5, 1e-9, 0.5]]).log()
+    monkeypatch.setattr(torch, "rand", lambda *args, **kwargs: torch.full((1, 1), 0.5, dtype=kwargs.get("dtype")))
+    monkeypatch.setattr(torch, "rand_like", lambda x: torch.full_like(x, 0.5))
+    assert experiment.sample_token(logits, 1.0, 1.0).item() == 1
+
+
 def test_sampler_distribution_over_several_blocks(experiment):
     """A vocabulary of 1000 ids (blocks of 512, the last one padded): each id drawn at its probability."""
     torch.manual_seed(0)
