@@ -207,8 +207,8 @@ def parse_args(argv=None):
     g.add_argument("--log-kl", action="store_true", help="measure and log train/kl even when --kl-weight is 0, to "
                    "compare how far each algorithm moves from pi_ref: one more forward pass per step, adapter off "
                    "(default: off, and with --kl-weight 0 train/kl is not logged)")
-    g.add_argument("--clip-eps", type=float, default=0.2, help="PPO clip range: ratio kept within [1-eps, 1+eps] "
-                   "(default: 0.2; 3e-4 with the gspo preset, whose ratio is a per-token geometric mean)")
+    g.add_argument("--clip-eps", type=float, default=0.2, help="PPO clip range: ratio kept within [1-eps, 1+eps]; "
+                   "the gspo preset sets 3e-4, its ratio being a geometric mean over tokens (default: 0.2)")
     g.add_argument("--clip-eps-low", type=float, help="lower clip range: ratio kept >= 1 - eps_low, at most 1 "
                    "(default: --clip-eps; 1 with the cispo preset: no lower bound on CISPO's weight)")
     g.add_argument("--clip-eps-high", type=float, help="upper clip range: ratio kept <= 1 + eps_high; DAPO's clip-higher "
