@@ -41,6 +41,7 @@ import importlib
 import json
 import math
 import os
+import pickle
 import random
 import re
 import resource
@@ -569,7 +570,8 @@ def load_reward_fn(spec):
     module_name, _, function_name = spec.partition(":")
     if not module_name or not function_name:
         raise InputError(f"--reward-fn {spec}: expected package.module:function")
-    sys.path.insert(0, os.getcwd())  # modules next to where the run starts
+    if os.getcwd() not in sys.path:  # modules next to where the run starts, found after the installed
+        sys.path.append(os.getcwd())  # packages: a peft.py or tqdm.py there replaces nothing
     try:
         module = importlib.import_module(module_name)
     except Exception as e:
@@ -973,10 +975,19 @@ def find_checkpoint(path):
     return steps[-1]
 
 
+def load_state_file(folder):
+    """training_state.pt as plain data and tensors (weights_only): a pickled object in it could run any code."""
+    try:
+        return torch.load(folder / "training_state.pt", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise InputError(f"--resume {folder}: training_state.pt holds more than tensors and plain data, so it is not "
+                         f"loaded (it could run code): {str(e).splitlines()[0][:200]}")
+
+
 def load_checkpoint(folder, accelerator):
     """Every process loads the same checkpoint (and its own RNG state, when it was saved with as many processes)."""
     accelerator.load_state(folder / "accelerate_state")  # with load_trainable_weights for the weights
-    return torch.load(folder / "training_state.pt", weights_only=False)
+    return load_state_file(folder)
 
 
 class Logger:

@@ -118,6 +118,11 @@ def corpus_files(corpus_dir):
         raise SearchError(f"corpus folder not found: {corpus_dir}")
     files = sorted(p for p in corpus_dir.rglob("*") if p.is_file() and p.suffix.lower() in SUFFIXES
                    and not any(part.startswith(".") for part in p.relative_to(corpus_dir).parts))
+    inside = corpus_dir.resolve()
+    outside = [p for p in files if not p.resolve().is_relative_to(inside)]  # a link to /etc/passwd is no passage
+    for p in outside:
+        log.warning("%s leads outside the corpus folder (to %s): skipped", p, p.resolve())
+    files = [p for p in files if p not in outside]
     if not files:
         raise SearchError(f"no {', '.join(SUFFIXES)} files in corpus folder {corpus_dir}")
     return files

@@ -36,6 +36,7 @@ import json
 import math
 import operator
 import os
+import pickle
 import random
 import re
 import resource
@@ -526,7 +527,8 @@ def load_reward_fn(spec):
     module_name, _, function_name = spec.partition(":")
     if not module_name or not function_name:
         raise InputError(f"--reward-fn {spec}: expected package.module:function")
-    sys.path.insert(0, os.getcwd())  # modules next to where the run starts
+    if os.getcwd() not in sys.path:  # modules next to where the run starts, found after the installed
+        sys.path.append(os.getcwd())  # packages: a peft.py or tqdm.py there replaces nothing
     try:
         module = importlib.import_module(module_name)
     except Exception as e:
@@ -1107,6 +1109,15 @@ def find_checkpoint(path):
     return steps[-1]
 
 
+def load_state_file(folder):
+    """training_state.pt as plain data and tensors (weights_only): a pickled object in it could run any code."""
+    try:
+        return torch.load(folder / "training_state.pt", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise InputError(f"--resume {folder}: training_state.pt holds more than tensors and plain data, so it is not "
+                         f"loaded (it could run code): {str(e).splitlines()[0][:200]}")
+
+
 def load_checkpoint(folder, model, optimizer, scheduler):
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
@@ -1120,7 +1131,7 @@ def load_checkpoint(folder, model, optimizer, scheduler):
         unexpected = model.load_state_dict(weights, strict=False).unexpected_keys
         if unexpected:
             raise InputError(f"--resume {folder}: weights do not match this model ({unexpected[:3]} ...)")
-    state = torch.load(folder / "training_state.pt", weights_only=False)
+    state = load_state_file(folder)
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     random.setstate(state["rng"]["python"])
