@@ -215,6 +215,11 @@ def resolve_device(device, parser):
 
 def check_args(args, parser):
     """Reject values that would fail later, or silently do nothing, with a message naming the option."""
+    for name, value in vars(args).items():  # inf and nan pass the range checks below (nan fails no comparison)
+        if isinstance(value, float) and not math.isfinite(value):
+            parser.error(f"--{name.replace('_', '-')} must be a finite number, got {value}")
+    if not 0 <= args.lora_dropout < 1:
+        parser.error(f"--lora-dropout must be in [0, 1), got {args.lora_dropout}")
     at_least = {"group_size": 2, "rollouts_per_step": 1, "train_batch_size": 1, "generation_batch_size": 1,
                 "epochs_per_step": 1, "max_length": 1, "max_steps": 1, "lora_r": 1, "eval_prompts": 1}
     for name, low in at_least.items():
@@ -458,6 +463,14 @@ class RewardError(InputError):
     """A custom reward function or a reward service failed: the run stops and says on what."""
 
 
+class DivergedError(InputError):
+    """The loss or the gradient became inf or nan: the run stops before an update is made with it."""
+
+    def __init__(self, grad_norm, loss, updates_made):
+        super().__init__(f"the gradient norm is {grad_norm} (loss {loss}): training diverged; try a lower --lr")
+        self.updates_made = updates_made  # updates of this step already applied before it
+
+
 def extract_answer(completion):
     """The text inside the last <answer>...</answer>, or None."""
     found = re.findall(r"<answer>(.*?)</answer>", completion, re.DOTALL)
@@ -553,6 +566,8 @@ def parse_weights(text):
         if name.strip() not in REWARD_TERMS:
             raise ValueError(f"unknown reward term {name.strip()!r} (terms: {', '.join(REWARD_TERMS)})")
         weights[name.strip()] = float(value)
+        if not math.isfinite(weights[name.strip()]):
+            raise ValueError(f"the weight of {name.strip()} is {value}, not a finite number")
     return weights
 
 
@@ -630,8 +645,12 @@ class Scorer:
         if self.url:
             terms["remote"] = remote_rewards(self.url, completions, answers, metadata, self.timeout, self.retries)
         terms = {name: torch.tensor(values, dtype=torch.float32) for name, values in terms.items()}
-        rewards = sum(self.weights.get(name, 0.0) * values for name, values in terms.items())
-        return torch.as_tensor(rewards, dtype=torch.float32), terms
+        rewards = torch.as_tensor(sum(self.weights.get(name, 0.0) * values for name, values in terms.items()),
+                                  dtype=torch.float32)
+        for i in (~torch.isfinite(rewards)).nonzero().flatten().tolist()[:1]:  # 1e308 is a float64, inf in float32
+            raise RewardError(f"the reward of completion {completions[i][:300]!r} (answer {answers[i]!r}) is {rewards[i].item()}, "
+                              f"not a finite float32 number; its terms: { {n: v[i].item() for n, v in terms.items()} }")
+        return rewards, terms
 
     def call_custom(self, completion, answer, metadata):
         try:
@@ -1095,6 +1114,7 @@ def train_step(model, batch, args, optimizer, scheduler, accelerator, reference=
     num_updates = args.epochs_per_step * math.ceil(len(micro_batches) / k)
     totals = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0, "grad_norm": 0.0, "lr": 0.0}
     params = [p for p in model.parameters() if p.requires_grad]
+    updates_made = 0
     accelerator.step = 0  # count micro-batches from this batch's first: the K-th, 2K-th, ... end an update
     for epoch in range(args.epochs_per_step):
         for i, idx in enumerate(micro_batches):
@@ -1110,12 +1130,16 @@ def train_step(model, batch, args, optimizer, scheduler, accelerator, reference=
                 update = micro_batches[i // k * k : i // k * k + k]
                 accelerator.backward(loss * k * len(idx) / sum(map(len, update)))
                 if accelerator.sync_gradients:  # the K-th micro-batch: an optimizer update follows
-                    totals["grad_norm"] += accelerator.clip_grad_norm_(params, args.max_grad_norm).item() / num_updates
+                    grad_norm = accelerator.clip_grad_norm_(params, args.max_grad_norm)
+                    if not torch.isfinite(grad_norm):  # inf or nan: stop before an update is made with it
+                        raise DivergedError(grad_norm.item(), loss.item(), updates_made)
+                    totals["grad_norm"] += grad_norm.item() / num_updates
                     totals["lr"] += optimizer.param_groups[0]["lr"] / num_updates  # the rate used
                 optimizer.step()  # skipped by accelerate until the K-th micro-batch
                 optimizer.zero_grad(set_to_none=True)
                 if accelerator.sync_gradients:
                     scheduler.step()  # the schedule counts optimizer updates
+                    updates_made += 1
             weight = len(idx) / n / args.epochs_per_step
             totals["loss"] += loss.item() * weight
             totals["kl"] += stats["kl"] * weight
@@ -1262,6 +1286,14 @@ def run(args):
         progress.close()
         print(f"\nthe reward failed: saving step {step} to {run_dir}", file=sys.stderr)
         checkpoint_now()
+        logger.close()
+        raise
+    except DivergedError as e:  # nan or inf: save the steps done, unless this step had already half updated the weights
+        progress.close()
+        kept = f"saving step {step} to {run_dir}" if e.updates_made == 0 else "its first updates are not saved"
+        print(f"\nstep {step + 1} diverged: {kept}", file=sys.stderr)
+        if e.updates_made == 0:
+            checkpoint_now()
         logger.close()
         raise
     progress.close()

@@ -67,3 +67,57 @@ def test_search_corpus_skips_links_out_of_the_folder(tmp_path, caplog):
     assert [p.source for p in passages] == ["notes.md"]
     assert not any("root:x" in p.text for p in passages)
     assert "leads outside the corpus folder" in caplog.text
+
+
+# ---- non-finite numbers: they ended in nan weights with exit 0 ----
+
+@pytest.mark.parametrize("option", [["--lr", "inf"], ["--kl-weight", "nan"], ["--temperature", "inf"],
+                                    ["--reward-weights", "correctness=nan"], ["--lora-dropout", "1.5"]],
+                         ids=["lr-inf", "kl-nan", "temperature-inf", "weight-nan", "dropout"])
+def test_non_finite_or_out_of_range_options_are_refused(experiment, option, capsys):
+    from conftest import fails_with
+
+    said = fails_with(experiment, ["--device", "cpu", *option], capsys)
+    assert option[0] in said and ("finite" in said or "[0, 1)" in said)
+
+
+def test_a_reward_that_is_inf_in_float32_stops_the_run(experiment, tmp_path, monkeypatch):
+    """1e308 is a finite float64: it passed the custom reward's check and became inf in the float32 rewards."""
+    (tmp_path / "huge_reward.py").write_text("def reward(completion, answer, metadata):\n    return 1e308\n")
+    monkeypatch.chdir(tmp_path)
+    score = experiment.Scorer(reward_fn="huge_reward:reward")
+    with pytest.raises(experiment.RewardError, match="not a finite float32 number"):
+        score(["<answer>1</answer>"], ["1"], [{}])
+
+
+SINGLE_PROCESS = ["experiment_base", "experiment_drgrpo", "experiment_multiturn_tool_calling", "experiment_multiturn_qa"]
+
+
+@pytest.mark.parametrize("name", SINGLE_PROCESS)
+def test_a_nan_loss_stops_the_run_and_keeps_the_steps_done(name, tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """From step 2 on the loss is nan: the run stops before updating with it, says so, and step 1 is saved with
+    finite weights (before, every later step trained on nan and the run ended with exit 0)."""
+    from conftest import fails_with, seven_reward, write_jsonl
+    from safetensors.torch import load_file
+
+    module = load_experiment(name)
+    monkeypatch.setattr(module, "reward_terms", seven_reward)
+    calls, real = [], module.grpo_loss
+
+    def nan_from_step_two(*args, **kwargs):
+        calls.append(1)
+        loss, stats = real(*args, **kwargs)
+        return (loss * float("nan") if len(calls) > 1 else loss), stats
+
+    monkeypatch.setattr(module, "grpo_loss", nan_from_step_two)
+    data = write_jsonl(tmp_path / "tasks.jsonl", [{"question": f"Say {i}", "answer": "7"} for i in range(8)])
+    said = fails_with(module, ["--model-name", tiny_model_dir, "--device", "cpu", "--quantization", "none", "--dtype",
+                               "float32", "--data-path", data, "--max-steps", "3", "--group-size", "2",
+                               "--rollouts-per-step", "2", "--max-length", "4", "--eval-interval", "0",
+                               "--log-dir", tmp_path / "runs", "--checkpoint-path", tmp_path / "out", "--run-name", "r",
+                               *(["--algorithm", "grpo"] if name == "experiment_drgrpo" else [])], capsys)
+    assert "step 2 diverged" in said and "gradient norm is nan" in said
+    steps = sorted(p.name for p in (tmp_path / "out" / "r").iterdir())
+    assert steps == ["step_000001"]
+    weights = load_file(tmp_path / "out" / "r" / "step_000001" / "adapter_model.safetensors")
+    assert all(torch.isfinite(w).all() for w in weights.values())
