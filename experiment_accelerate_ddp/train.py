@@ -40,6 +40,7 @@ import hashlib
 import importlib
 import json
 import math
+import fcntl
 import os
 import pickle
 import random
@@ -962,7 +963,7 @@ def save_checkpoint(folder, accelerator, policy, state, keep):
     """Write folder atomically: everything goes to folder.partial, which is renamed when complete.
     Every process calls it (each saves its own RNG state); the main process writes the rest and renames."""
     folder = Path(folder)
-    if folder.exists():
+    if folder.exists():  # saved already by this run (claim_run_folder keeps other runs' checkpoints out)
         return
     partial = folder.with_name(folder.name + ".partial")
     if accelerator.is_main_process:
@@ -970,10 +971,14 @@ def save_checkpoint(folder, accelerator, policy, state, keep):
     accelerator.wait_for_everyone()
     # trainable weights, optimizer, learning-rate schedule (registered for checkpointing): main process;
     # python/numpy/torch/cuda RNG states: every process, random_states_RANK.pkl
-    accelerator.save_state(partial / "accelerate_state")
-    if accelerator.is_main_process:
-        accelerator.unwrap_model(policy).model.save_pretrained(partial)  # the LoRA adapter (PEFT format), or the full model
-        torch.save(state, partial / "training_state.pt")  # step, data position, run name, options
+    try:
+        accelerator.save_state(partial / "accelerate_state")
+        if accelerator.is_main_process:
+            accelerator.unwrap_model(policy).model.save_pretrained(partial)  # the LoRA adapter (PEFT format), or the full model
+            torch.save(state, partial / "training_state.pt")  # step, data position, run name, options
+    except Exception as e:  # a full disk, a folder gone: no half checkpoint, the earlier ones kept
+        shutil.rmtree(partial, ignore_errors=True)
+        raise InputError(f"saving {folder} failed ({type(e).__name__}: {e}); the earlier checkpoints are kept")
     accelerator.wait_for_everyone()  # every process's files are in
     if accelerator.is_main_process:
         os.replace(partial, folder)
@@ -981,6 +986,46 @@ def save_checkpoint(folder, accelerator, policy, state, keep):
             for old in sorted(folder.parent.glob("step_*[0-9]"))[:-keep]:
                 shutil.rmtree(old)
     accelerator.wait_for_everyone()  # no process goes on before the checkpoint exists
+
+
+HELD_LOCKS = {}  # run folder -> a descriptor of it; flock holds it while this process lives, however it ends
+
+
+def claim_run_folder(run_dir, log_dir, checkpoint_dir):
+    """Before the model loads: the checkpoint and log folders are writable, no other live run writes to run_dir,
+    and every checkpoint in it will be this run's. A run folder holding checkpoints is only continued by --resume
+    from it; resuming from an older step moves the newer ones aside (to superseded-TIME/), so that they are never
+    taken for this run's."""
+    for folder, option in ((run_dir, "--checkpoint-path"), (log_dir, "--log-dir")):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            probe = folder / f".write-test-{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as e:
+            raise InputError(f"{option}: cannot write to {folder}: {e.strerror or e}")
+    key = str(run_dir.resolve())
+    if key not in HELD_LOCKS:
+        lock = os.open(run_dir, os.O_RDONLY)  # the folder itself is locked: no lock file in it
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(lock)
+            raise InputError(f"{run_dir}: another run is writing to this run folder now; choose another --run-name")
+        HELD_LOCKS[key] = lock
+    steps = sorted(run_dir.glob("step_*[0-9]"))
+    resuming_here = checkpoint_dir is not None and checkpoint_dir.parent.resolve() == run_dir.resolve()
+    if steps and not resuming_here:
+        raise InputError(f"{run_dir} already holds the checkpoints of a run ({steps[-1].name}): --resume {run_dir} "
+                         "continues it; another --run-name starts a new one")
+    newer = [s for s in steps if resuming_here and s.name > checkpoint_dir.name]
+    if newer:
+        aside = run_dir / f"superseded-{time.strftime('%Y%m%d-%H%M%S')}"
+        aside.mkdir()
+        for folder in newer:
+            os.replace(folder, aside / folder.name)
+        print(f"resuming from {checkpoint_dir.name}: moved the newer {', '.join(s.name for s in newer)} to {aside}",
+              file=sys.stderr)
 
 
 def find_checkpoint(path):
@@ -1228,6 +1273,15 @@ def run(args):
         args.run_name = args.run_name or checkpoint_dir.parent.name  # keep logging into the same run
     args.run_name = args.run_name or f"{EXPERIMENT}-{time.strftime('%Y%m%d-%H%M%S')}"
     args.run_name = broadcast_object_list([args.run_name])[0]  # the main process's: start times can differ by a second
+    run_dir, problem = Path(args.checkpoint_path) / args.run_name, [None]
+    if accelerator.is_main_process:  # one process claims the run folder; every process stops if it cannot
+        try:
+            claim_run_folder(run_dir, Path(args.log_dir) / args.run_name, checkpoint_dir)
+        except InputError as e:
+            problem = [str(e)]
+    problem = broadcast_object_list(problem)[0]  # the main process's, on every process
+    if problem:
+        raise InputError(problem)
     if args.model_name == CPU_MODEL and accelerator.is_main_process:
         reason = "no CUDA device" if not torch.cuda.is_available() else f"--device {args.device}"
         print(f"{reason}: training the packaged Gemma-3-270M on CPU with CPU-sized defaults "
@@ -1256,7 +1310,6 @@ def run(args):
         step, position = state["step"], tuple(state["data_position"])
         if accelerator.is_main_process:
             print(f"resumed from {checkpoint_dir} at step {step}")
-    run_dir = Path(args.checkpoint_path) / args.run_name
     logger = Logger(args, step) if accelerator.is_main_process else None  # one set of TensorBoard events
     run_log = Path(args.log_dir) / args.run_name
     if args.debug_ranks:

@@ -20,6 +20,8 @@ EXPERIMENTS = sorted(p.parent.name for p in ROOT.glob("experiment_*/train.py"))
 # multi-turn ones have rollouts and rewards of their own and their own test files.
 MULTI_TURN = {"experiment_multiturn_tool_calling", "experiment_multiturn_qa"}
 TASK_EXPERIMENTS = [name for name in EXPERIMENTS if name not in MULTI_TURN]
+# The experiments whose train_step is (model, batch, args, optimizer, scheduler, reference=None): one process.
+SINGLE_PROCESS = [name for name in EXPERIMENTS if "accelerate" not in name]
 TAGS = ["<think>", "</think>", "<answer>", "</answer>"]
 CHARS = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,:;!?+-*/=()<>_'\"\n")
 CHAT_TEMPLATE = (

@@ -5,6 +5,8 @@ import math
 import pytest
 import torch
 
+from conftest import SINGLE_PROCESS, load_experiment
+
 
 def test_group_advantages_by_hand(experiment):
     rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.5, 0.5, 0.5, 0.5], [3.0, 0.0, 0.0, 0.0]])
@@ -237,14 +239,8 @@ def test_log_probs_at_the_sampling_temperature(tiny, temperature):
     assert torch.allclose(log_probs, expected, atol=1e-5)
 
 
-# train_step of the single-process copies: (model, batch, args, optimizer, scheduler, reference=None)
-SINGLE_PROCESS = ["experiment_base", "experiment_drgrpo", "experiment_multiturn_tool_calling", "experiment_multiturn_qa"]
-
-
 @pytest.fixture(params=SINGLE_PROCESS)
 def single(request, tiny_model_dir):
-    from conftest import load_experiment
-
     return load_experiment(request.param), tiny_model_dir
 
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, load_experiment
+from conftest import ROOT, SINGLE_PROCESS, load_experiment
 
 
 class RunsCode:
@@ -90,7 +90,6 @@ def test_a_reward_that_is_inf_in_float32_stops_the_run(experiment, tmp_path, mon
         score(["<answer>1</answer>"], ["1"], [{}])
 
 
-SINGLE_PROCESS = ["experiment_base", "experiment_drgrpo", "experiment_multiturn_tool_calling", "experiment_multiturn_qa"]
 
 
 @pytest.mark.parametrize("name", SINGLE_PROCESS)
@@ -121,3 +120,102 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_steps_done(name, tiny_model_dir,
     assert steps == ["step_000001"]
     weights = load_file(tmp_path / "out" / "r" / "step_000001" / "adapter_model.safetensors")
     assert all(torch.isfinite(w).all() for w in weights.values())
+
+
+# ---- the run folder: every checkpoint in it this run's own ----
+
+def tiny_run(module, model_dir, tmp_path, *extra, steps=1):
+    from conftest import seven_reward, write_jsonl
+
+    data = write_jsonl(tmp_path / "tasks.jsonl", [{"question": f"Say {i}", "answer": "7"} for i in range(8)])
+    return ["--model-name", model_dir, "--device", "cpu", "--quantization", "none", "--dtype", "float32",
+            "--data-path", data, "--max-steps", str(steps), "--group-size", "2", "--rollouts-per-step", "2",
+            "--max-length", "4", "--eval-interval", "0", "--log-dir", tmp_path / "runs",
+            "--checkpoint-path", tmp_path / "out", "--run-name", "r", *extra]
+
+
+def files_of(folder):
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("name", SINGLE_PROCESS + ["experiment_accelerate"])
+def test_a_second_run_under_the_same_name_is_refused(name, tiny_model_dir, tmp_path, capsys):
+    """A second run under an existing --run-name without --resume kept running, skipped saving (step_N existed) and
+    reported "checkpoint in step_N" for weights it had not written."""
+    from conftest import fails_with
+
+    module = load_experiment(name)
+    module.main([str(a) for a in tiny_run(module, tiny_model_dir, tmp_path)])
+    before = files_of(tmp_path / "out" / "r")
+    said = fails_with(module, tiny_run(module, tiny_model_dir, tmp_path), capsys)
+    assert "already holds the checkpoints" in said and "--resume" in said
+    assert files_of(tmp_path / "out" / "r") == before
+
+
+@pytest.mark.parametrize("name", SINGLE_PROCESS + ["experiment_accelerate"])
+def test_resuming_an_older_step_moves_the_newer_ones_aside(name, tiny_model_dir, tmp_path, capsys):
+    """Resuming from step 1 while step 2 exists: step 2 would have been skipped at save time and later taken as the
+    newest checkpoint. It is moved aside, and the run's new step 2 is its own."""
+    module = load_experiment(name)
+    module.main([str(a) for a in tiny_run(module, tiny_model_dir, tmp_path, "--checkpoint-interval", "1", steps=2)])
+    run_dir = tmp_path / "out" / "r"
+    old_step_2 = files_of(run_dir / "step_000002")
+    module.main([str(a) for a in tiny_run(module, tiny_model_dir, tmp_path, "--resume", run_dir / "step_000001",
+                                          "--seed", "7", steps=2)])
+    assert "moved the newer step_000002" in capsys.readouterr().err
+    aside = list(run_dir.glob("superseded-*"))
+    assert len(aside) == 1 and files_of(aside[0] / "step_000002") == old_step_2
+    assert files_of(run_dir / "step_000002") != old_step_2  # written by the resumed run (another seed)
+
+
+def test_a_run_folder_in_use_is_refused(tiny_model_dir, tmp_path, capsys):
+    """Two runs under one name at once interleaved their events and checkpoints: the second is refused."""
+    import fcntl
+
+    from conftest import fails_with
+
+    module = load_experiment("experiment_base")
+    run_dir = tmp_path / "out" / "r"
+    run_dir.mkdir(parents=True)
+    held = os.open(run_dir, os.O_RDONLY)  # as another process would hold it
+    fcntl.flock(held, fcntl.LOCK_EX)
+    try:
+        said = fails_with(module, tiny_run(module, tiny_model_dir, tmp_path), capsys)
+    finally:
+        os.close(held)
+    assert "another run is writing to this run folder" in said
+
+
+def test_unwritable_checkpoint_path_is_refused_before_the_model_loads(experiment, tmp_path, capsys):
+    """--checkpoint-path naming a file: every step trained, then nothing was saved. Now it stops at once (the model
+    named here does not exist: reaching it would be another error)."""
+    from conftest import fails_with, write_jsonl
+
+    not_a_folder = tmp_path / "passwd"
+    not_a_folder.write_text("root:x:0:0\n")
+    data = write_jsonl(tmp_path / "tasks.jsonl", [{"question": "Q", "answer": "1"}])
+    said = fails_with(experiment, ["--model-name", tmp_path / "no-such-model", "--device", "cpu", "--data-path", data,
+                                   "--eval-interval", "0", "--checkpoint-path", not_a_folder, "--run-name", "r",
+                                   "--log-dir", tmp_path / "runs", "--rollouts-per-step", "1"], capsys)
+    assert "--checkpoint-path: cannot write to" in said
+
+
+@pytest.mark.parametrize("name", SINGLE_PROCESS)
+def test_a_failed_save_keeps_the_earlier_checkpoints(name, tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """A full disk made torch.save fail with 'unexpected pos' and lost the step: now no half checkpoint is left, the
+    earlier ones stay, and the message says what failed."""
+    from conftest import fails_with
+
+    module = load_experiment(name)
+    saves, real = [], torch.save
+
+    def full_disk_at_the_second_save(obj, path, *args, **kwargs):
+        saves.append(path)
+        if len(saves) == 2:
+            raise RuntimeError("[enforce fail at inline_container.cc:626] . unexpected pos 10880 vs 10772")
+        return real(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", full_disk_at_the_second_save)
+    said = fails_with(module, tiny_run(module, tiny_model_dir, tmp_path, "--checkpoint-interval", "1", steps=3), capsys)
+    assert "saving" in said and "step_000002 failed" in said and "unexpected pos" in said
+    assert sorted(p.name for p in (tmp_path / "out" / "r").iterdir()) == ["step_000001"]
