@@ -35,11 +35,12 @@ Group Relative Policy Optimization (DeepSeekMath, arXiv:2402.03300) in one file,
 import argparse
 import contextlib
 import copy
+import fcntl
 import hashlib
+import http.client
 import importlib
 import json
 import math
-import fcntl
 import os
 import pickle
 import random
@@ -48,6 +49,7 @@ import resource
 import shutil
 import signal
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -261,6 +263,8 @@ def check_args(args, parser):
         parser.error(f"--reward-weights {args.reward_weights!r}: {e}")
     if args.reward_timeout <= 0 or args.reward_retries < 1:
         parser.error("--reward-timeout must be positive and --reward-retries at least 1")
+    if args.reward_url and not re.fullmatch(r"https?://[^/\s]+(/\S*)?", args.reward_url):
+        parser.error(f"--reward-url {args.reward_url!r}: expected http://HOST[:PORT]/PATH or https://...")
     for item in args.filter:
         if "=" not in item or not item.split("=", 1)[0]:
             parser.error(f"--filter expects FIELD=V1,V2, got {item!r}")
@@ -612,15 +616,14 @@ def remote_rewards(url, completions, answers, metadata, timeout=30.0, retries=3)
     request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
     for attempt in range(1, retries + 1):
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                rewards = json.loads(response.read())["rewards"]
+            rewards = json.loads(post_within(request, timeout))["rewards"]
             break
         except urllib.error.HTTPError as e:
             if e.code < 500:
                 raise RewardError(f"--reward-url {url}: HTTP {e.code}: {e.read().decode(errors='replace')[:300]}")
             problem = f"HTTP {e.code}"
-        except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
-            problem = str(getattr(e, "reason", e))
+        except (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException) as e:
+            problem = f"{type(e).__name__}: {getattr(e, 'reason', e)}"  # IncompleteRead, BadStatusLine: a broken answer
         except (ValueError, KeyError, TypeError) as e:
             raise RewardError(f"--reward-url {url}: the answer is not {{\"rewards\": [...]}}: {e}")
         if attempt == retries:
@@ -630,6 +633,28 @@ def remote_rewards(url, completions, answers, metadata, timeout=30.0, retries=3)
             isinstance(r, (int, float)) and math.isfinite(r) for r in rewards):
         raise RewardError(f"--reward-url {url}: expected {len(completions)} finite numbers, got {str(rewards)[:200]}")
     return [float(r) for r in rewards]
+
+
+def post_within(request, timeout):
+    """The whole answer to an HTTP request within `timeout` seconds: a socket timeout bounds each read only, so a
+    server sending a byte a second would never time out. The request runs in a thread that is left behind if late."""
+    result = {}
+
+    def fetch():
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                result["body"] = response.read()
+        except BaseException as e:  # handed to the caller
+            result["error"] = e
+
+    worker = threading.Thread(target=fetch, daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise TimeoutError(f"no whole answer within {timeout} s (--reward-timeout)")
+    if "error" in result:
+        raise result["error"]
+    return result["body"]
 
 
 class Scorer:

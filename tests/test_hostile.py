@@ -258,3 +258,86 @@ def test_accelerate_train_batch_size_zero_is_a_message(capsys):
 
     said = fails_with(load_experiment("experiment_accelerate"), ["--device", "cpu", "--train-batch-size", "0"], capsys)
     assert "--train-batch-size must be at least 1" in said
+
+
+# ---- the reward service client: every failure a message, every request a deadline ----
+
+def raw_server(reply):
+    """A one-connection-at-a-time server on loopback that reads a request and runs reply(connection); returns the
+    URL and a function that stops it. At most 20 connections, so it always ends."""
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve():
+        for _ in range(20):
+            while not stop.is_set():
+                try:
+                    connection, _ = listener.accept()
+                    break
+                except OSError:
+                    continue
+            else:
+                return
+            with connection:
+                connection.settimeout(5)
+                try:
+                    connection.recv(65536)
+                    reply(connection, stop)
+                except OSError:
+                    pass
+
+    threading.Thread(target=serve, daemon=True).start()
+
+    def close():
+        stop.set()
+        listener.close()
+
+    return f"http://127.0.0.1:{listener.getsockname()[1]}/score", close
+
+
+def drip(connection, stop):  # a valid answer, one byte every 0.3 s
+    import time
+
+    for byte in b'HTTP/1.1 200 OK\r\nContent-Length: 18\r\n\r\n{"rewards": [1.0]}':
+        if stop.is_set():
+            return
+        connection.sendall(bytes([byte]))
+        time.sleep(0.3)
+
+
+def cut_short(connection, stop):  # promises 500 bytes, sends 10: IncompleteRead
+    connection.sendall(b'HTTP/1.1 200 OK\r\nContent-Length: 500\r\n\r\n{"rewards"')
+
+
+def not_http(connection, stop):  # BadStatusLine
+    connection.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+
+
+@pytest.mark.parametrize("reply, says", [(drip, "TimeoutError"), (cut_short, "IncompleteRead"), (not_http, "BadStatusLine")],
+                         ids=["one-byte-a-second", "incomplete-read", "bad-status-line"])
+def test_a_broken_reward_service_is_a_reward_error(experiment, reply, says):
+    """IncompleteRead and BadStatusLine gave tracebacks (skipping the save-then-report path); a server sending a
+    byte at a time never timed out, since --reward-timeout bounded each socket read only."""
+    import time
+
+    url, close = raw_server(reply)
+    try:
+        started = time.perf_counter()
+        with pytest.raises(experiment.RewardError, match=says):
+            experiment.remote_rewards(url, ["c"], ["a"], [{}], timeout=1.0, retries=2)
+        assert time.perf_counter() - started < 6  # two tries of at most a second each, and a second's back-off
+    finally:
+        close()
+
+
+def test_a_reward_url_that_is_no_url_is_refused(experiment, capsys):
+    from conftest import fails_with
+
+    said = fails_with(experiment, ["--device", "cpu", "--reward-url", "not a url"], capsys)
+    assert "--reward-url 'not a url'" in said and "http://" in said
