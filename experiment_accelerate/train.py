@@ -143,6 +143,8 @@ def parse_args(argv=None):
                    f"(default: {DEFAULT_REWARD_WEIGHTS}, custom=1 and remote=1 when used)")
     g.add_argument("--partial-credit", action="store_true", help="knights_knaves: credit per correctly named inhabitant")
     g.add_argument("--reward-fn", metavar="MODULE:FUNCTION", help="your reward term, called as FUNCTION(completion, answer, metadata) -> float")
+    g.add_argument("--reward-fn-timeout", type=float, default=60.0, help="seconds one call of --reward-fn may take; "
+                   "then the run saves its steps and stops")
     g.add_argument("--reward-url", metavar="URL", help="an HTTP reward service: POST {completions, answers, metadata} -> {rewards}")
     g.add_argument("--reward-timeout", type=float, default=30.0, help="seconds to wait for the reward service")
     g.add_argument("--reward-retries", type=int, default=3, help="tries per request to the reward service")
@@ -247,8 +249,8 @@ def check_args(args, parser):
         parse_weights(args.reward_weights)
     except ValueError as e:
         parser.error(f"--reward-weights {args.reward_weights!r}: {e}")
-    if args.reward_timeout <= 0 or args.reward_retries < 1:
-        parser.error("--reward-timeout must be positive and --reward-retries at least 1")
+    if args.reward_timeout <= 0 or args.reward_fn_timeout <= 0 or args.reward_retries < 1:
+        parser.error("--reward-timeout and --reward-fn-timeout must be positive and --reward-retries at least 1")
     if args.reward_url and not re.fullmatch(r"https?://[^/\s]+(/\S*)?", args.reward_url):
         parser.error(f"--reward-url {args.reward_url!r}: expected http://HOST[:PORT]/PATH or https://...")
     for item in args.filter:
@@ -636,36 +638,46 @@ def remote_rewards(url, completions, answers, metadata, timeout=30.0, retries=3)
     return [float(r) for r in rewards]
 
 
-def post_within(request, timeout):
-    """The whole answer to an HTTP request within `timeout` seconds: a socket timeout bounds each read only, so a
-    server sending a byte a second would never time out. The request runs in a thread that is left behind if late."""
+def within(seconds, function, *args):
+    """function(*args), or TimeoutError after `seconds`. It runs in a thread, left behind if late: neither a Python
+    call nor an HTTP answer read a byte at a time can be cut short from outside."""
     result = {}
 
-    def fetch():
+    def call():
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                result["body"] = response.read()
-        except BaseException as e:  # handed to the caller
+            result["value"] = function(*args)
+        except BaseException as e:  # sys.exit included: handed to the caller
             result["error"] = e
 
-    worker = threading.Thread(target=fetch, daemon=True)
+    worker = threading.Thread(target=call, daemon=True)
     worker.start()
-    worker.join(timeout)
+    worker.join(seconds)
     if worker.is_alive():
-        raise TimeoutError(f"no whole answer within {timeout} s (--reward-timeout)")
+        raise TimeoutError(f"no result within {seconds} s")
     if "error" in result:
         raise result["error"]
-    return result["body"]
+    return result["value"]
+
+
+def post_within(request, timeout):
+    """The whole answer to an HTTP request within `timeout` seconds: a socket timeout bounds each read only, so a
+    server sending a byte a second would never time out."""
+    def fetch():
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.read()
+
+    return within(timeout, fetch)
 
 
 class Scorer:
     """Completions -> rewards [B] and the terms {name: [B]} they sum, for the options of a run."""
 
     def __init__(self, task="math", reasoning_format="think", partial_credit=False, weights="", reward_fn=None,
-                 reward_url=None, timeout=30.0, retries=3):
+                 reward_url=None, timeout=30.0, retries=3, custom_timeout=60.0):
         self.task, self.reasoning_format, self.partial_credit = task, reasoning_format, partial_credit
         self.weights = parse_weights(weights)
         self.custom = load_reward_fn(reward_fn) if reward_fn else None
+        self.custom_timeout = custom_timeout  # seconds a call may take (--reward-fn-timeout)
         self.custom_name, self.url, self.timeout, self.retries = reward_fn, reward_url, timeout, retries
         if self.custom:
             self.weights.setdefault("custom", 1.0)
@@ -689,9 +701,9 @@ class Scorer:
         return rewards, terms
 
     def call_custom(self, completion, answer, metadata):
-        try:
-            value = float(self.custom(completion, answer, metadata))
-        except Exception as e:
+        try:  # sys.exit in it is a failure like any other: the steps done are saved first
+            value = float(within(self.custom_timeout, self.custom, completion, answer, metadata))
+        except (Exception, SystemExit) as e:
             raise RewardError(f"--reward-fn {self.custom_name} failed on completion {completion[:300]!r} "
                               f"(answer {answer!r}): {type(e).__name__}: {e}")
         if not math.isfinite(value):
@@ -1251,7 +1263,7 @@ def run(args):
 
     # Fail on bad data and a missing reward function or service before spending a minute on the model.
     score = Scorer(args.task, args.reasoning_format, args.partial_credit, args.reward_weights, args.reward_fn,
-                   args.reward_url, args.reward_timeout, args.reward_retries)
+                   args.reward_url, args.reward_timeout, args.reward_retries, custom_timeout=args.reward_fn_timeout)
     train_tasks = load_tasks(args.data_path, args.prompt_key, args.answer_key, args.filter, args.max_prompts)
     eval_tasks = None
     if args.eval_interval:

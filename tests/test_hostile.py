@@ -128,6 +128,10 @@ def tiny_run(module, model_dir, tmp_path, *extra, steps=1):
     from conftest import seven_reward, write_jsonl
 
     data = write_jsonl(tmp_path / "tasks.jsonl", [{"question": f"Say {i}", "answer": "7"} for i in range(8)])
+    if "multiturn_qa" in module.__file__:  # a corpus of its own, searched by BM25 (no encoder to load)
+        (tmp_path / "corpus").mkdir(exist_ok=True)
+        (tmp_path / "corpus" / "notes.md").write_text("The answer to every question here is 7, said the keeper.\n")
+        extra = ("--corpus-dir", tmp_path / "corpus", "--retriever", "bm25", *extra)
     return ["--model-name", model_dir, "--device", "cpu", "--quantization", "none", "--dtype", "float32",
             "--data-path", data, "--max-steps", str(steps), "--group-size", "2", "--rollouts-per-step", "2",
             "--max-length", "4", "--eval-interval", "0", "--log-dir", tmp_path / "runs",
@@ -341,3 +345,28 @@ def test_a_reward_url_that_is_no_url_is_refused(experiment, capsys):
 
     said = fails_with(experiment, ["--device", "cpu", "--reward-url", "not a url"], capsys)
     assert "--reward-url 'not a url'" in said and "http://" in said
+
+
+# ---- a --reward-fn that hangs or exits ----
+
+@pytest.mark.parametrize("body, says", [("import time\n    time.sleep(30)\n    return 1.0", "TimeoutError: no result within 1.0 s"),
+                                        ("import sys\n    sys.exit('bye')", "SystemExit: bye")],
+                         ids=["never-returns", "sys-exit"])
+@pytest.mark.parametrize("name", SINGLE_PROCESS)
+def test_a_reward_fn_that_hangs_or_exits_saves_the_steps_done(name, body, says, tiny_model_dir, tmp_path, monkeypatch,
+                                                              capsys):
+    """A --reward-fn that never returned hung the run; one that called sys.exit left no checkpoint. From its second
+    step on this one does either: step 1 is saved, and the message names the failure."""
+    from conftest import fails_with
+
+    reward = f"bad_reward_{tmp_path.name}"  # a module name of this test alone: sys.modules keeps the last one
+    (tmp_path / f"{reward}.py").write_text("CALLS = []\n\ndef reward(completion, answer, metadata):\n"
+                                           "    CALLS.append(1)\n    if len(CALLS) <= 4:\n        return 0.5\n"
+                                           f"    {body}\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # load_reward_fn appends the working directory
+    module = load_experiment(name)
+    said = fails_with(module, tiny_run(module, tiny_model_dir, tmp_path, "--reward-fn", f"{reward}:reward",
+                                       "--reward-fn-timeout", "1", steps=3), capsys)
+    assert says in said and "saving step 1" in said
+    assert sorted(p.name for p in (tmp_path / "out" / "r").iterdir()) == ["step_000001"]
