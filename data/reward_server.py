@@ -35,6 +35,8 @@ def parse_number(text):
     """' $1,200. ' -> Fraction(1200); '1/2' -> Fraction(1, 2); anything that is not a number -> None."""
     text = text.replace(" ", "").replace(",", "").strip()
     text = text.removeprefix("$").removesuffix(".")
+    if len(text) > 100 or re.search(r"[eE][+-]?\d{4,}", text):  # Fraction("1e10000000") takes seconds to build
+        return None
     try:
         return Fraction(text)
     except (ValueError, ZeroDivisionError):
@@ -58,6 +60,8 @@ def check_request(body):
         request = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise BadRequest(f"the body is not valid JSON: {e}")
+    except RecursionError:
+        raise BadRequest("the body is nested too deeply")
     if not isinstance(request, dict):
         raise BadRequest(f"the body must be a JSON object, got {type(request).__name__}")
     for key in ("completions", "answers"):
@@ -83,6 +87,7 @@ def check_request(body):
 class RewardHandler(BaseHTTPRequestHandler):
     delay = 0.0  # seconds to wait before answering /reward; set from --delay
     quiet = False  # True: no line per request on stderr
+    timeout = 10.0  # seconds a client may leave the socket silent before it is dropped; set from --client-timeout
 
     def log_message(self, format, *args):
         if not self.quiet:
@@ -135,8 +140,12 @@ class RewardHandler(BaseHTTPRequestHandler):
     def handle(self):
         try:
             super().handle()
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the client gave up (e.g. its timeout ran out during --delay): nothing left to answer
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            pass  # the client gave up (its timeout ran out during --delay) or went silent: nothing left to answer
+
+
+class Server(ThreadingHTTPServer):
+    request_queue_size = 128  # the listen backlog (socketserver's 5 reset a third of 100 clients arriving at once)
 
 
 def parse_args(argv=None):
@@ -147,11 +156,15 @@ def parse_args(argv=None):
                         help="seconds to sleep before answering each /reward request, to test client timeouts "
                              "(default: %(default)s)")
     parser.add_argument("--quiet", action="store_true", help="do not log each request on stderr (default: %(default)s)")
+    parser.add_argument("--client-timeout", type=float, default=10.0, help="seconds a client may stay silent (a body "
+                        "that never comes) before its connection is dropped (default: %(default)s)")
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be in 0..65535, got {args.port}")
-    if args.delay < 0:
-        parser.error(f"--delay must be 0 or more, got {args.delay}")
+    if not 0 <= args.delay < float("inf"):
+        parser.error(f"--delay must be a number of seconds, 0 or more, got {args.delay}")
+    if not 0 < args.client_timeout < float("inf"):
+        parser.error(f"--client-timeout must be a positive number of seconds, got {args.client_timeout}")
     return args
 
 
@@ -161,9 +174,9 @@ def stop(signum, frame):
 
 def main(argv=None):
     args = parse_args(argv)
-    handler = type("Handler", (RewardHandler,), {"delay": args.delay, "quiet": args.quiet})
+    handler = type("Handler", (RewardHandler,), {"delay": args.delay, "quiet": args.quiet, "timeout": args.client_timeout})
     try:
-        server = ThreadingHTTPServer((args.host, args.port), handler)
+        server = Server((args.host, args.port), handler)
     except OSError as e:
         sys.exit(f"error: cannot listen on {args.host}:{args.port}: {e}")
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with SIGINT ignored (e.g. with &)

@@ -293,3 +293,45 @@ def test_delay_makes_a_client_time_out_and_ctrl_c_stops_cleanly(tmp_path):
         assert "Traceback" not in (tmp_path / "server.log").read_text()
     finally:
         stop_server(process)
+
+
+def test_nested_json_and_huge_exponents_are_answered(server):
+    """Nested JSON dropped the connection unanswered; <answer>1e10000000</answer> cost 6.6 s of exact arithmetic."""
+    status, reply = call(server + "/reward", b'{"completions": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+    assert status == 400 and "nested too deeply" in reply["error"]
+    started = time.monotonic()
+    status, reply = call(server + "/reward", {"completions": ["<answer>1e10000000</answer>", "<answer>1e3</answer>"],
+                                              "answers": ["1", "1000"]})
+    assert (status, reply) == (200, {"rewards": [0.0, 1.0]}) and time.monotonic() - started < 1.0
+
+
+def test_a_hundred_clients_at_once_and_a_silent_one(tmp_path):
+    """A listen backlog of 5 reset 32 of 100 clients arriving at once; 50 clients that never sent their body held 50
+    threads for ever. Now all 100 are answered, and a silent client is dropped after --client-timeout."""
+    import threading
+
+    process, url = start_server(tmp_path, "--quiet", "--client-timeout", "1")
+    try:
+        silent = socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=10)
+        silent.sendall(b"POST /reward HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")  # and no body
+        results, start = [], threading.Barrier(100)
+
+        def client(i):
+            start.wait()
+            try:
+                results.append(call(url + "/reward", {"completions": [f"<answer>{i}</answer>"], "answers": [str(i)]}))
+            except Exception as e:  # a reset or a timeout
+                results.append(repr(e))
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(100)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert results.count((200, {"rewards": [1.0]})) == 100, [r for r in results if r != (200, {"rewards": [1.0]})][:3]
+        started = time.monotonic()
+        assert silent.recv(100) == b""  # the server closed it
+        assert time.monotonic() - started < 5
+        silent.close()
+    finally:
+        stop_server(process)
