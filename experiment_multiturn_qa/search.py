@@ -55,17 +55,22 @@ class Passage:
 
 # ---------------------------------------------------------------- chunking
 
+SPACES = re.compile(r"\s*")
+
+
 def split_long(block, max_chars=MAX_CHARS):
     """Cut a block into pieces of at most max_chars, between sentences (between words for a huge sentence)."""
     if len(block) <= max_chars:
         return [block]  # keep the author's line breaks
     pieces, current = [], ""
     for sentence in re.split(r"(?<=[.!?])\s+", block):
-        while len(sentence) > max_chars:  # no sentence end in sight: cut at the last space that fits
-            cut = sentence.rfind(" ", 0, max_chars)
-            cut = cut if cut > 0 else max_chars
-            pieces, current = pieces + [p for p in (current, sentence[:cut].strip()) if p], ""
-            sentence = sentence[cut:].strip()
+        start = 0  # an index, not a shorter copy each time: an 8 MiB sentence is cut in linear time
+        while len(sentence) - start > max_chars:  # no sentence end in sight: cut at the last space that fits
+            cut = sentence.rfind(" ", start, start + max_chars)
+            cut = cut if cut > start else start + max_chars
+            pieces += [p for p in (current, sentence[start:cut].strip()) if p]
+            current, start = "", SPACES.match(sentence, cut).end()
+        sentence = sentence[start:].strip()
         if current and len(current) + 1 + len(sentence) > max_chars:
             pieces.append(current)
             current = ""
@@ -118,6 +123,9 @@ def corpus_files(corpus_dir):
         raise SearchError(f"corpus folder not found: {corpus_dir}")
     files = sorted(p for p in corpus_dir.rglob("*") if p.is_file() and p.suffix.lower() in SUFFIXES
                    and not any(part.startswith(".") for part in p.relative_to(corpus_dir).parts))
+    for p in [p for p in files if not utf8(str(p))]:  # its passage ids could not be written to the index cache
+        log.warning("%r: the file name is not UTF-8: skipped (rename it to include it)", p)
+        files.remove(p)
     inside = corpus_dir.resolve()
     outside = [p for p in files if not p.resolve().is_relative_to(inside)]  # a link to /etc/passwd is no passage
     for p in outside:
@@ -126,6 +134,14 @@ def corpus_files(corpus_dir):
     if not files:
         raise SearchError(f"no {', '.join(SUFFIXES)} files in corpus folder {corpus_dir}")
     return files
+
+
+def utf8(text):
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:  # bytes of another encoding in a file name, decoded as surrogates
+        return False
 
 
 def load_passages(corpus_dir):
@@ -202,8 +218,11 @@ def corpus_key(corpus_dir, files):
 def write_atomic(path, write):
     """write(tmp_path), then rename: a reader (another DDP rank) never sees half a file."""
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    write(tmp)
-    os.replace(tmp, path)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # after a failed write: no stray temporary file
 
 
 class SearchIndex:
@@ -237,10 +256,14 @@ class SearchIndex:
         folder = cache_dir / f"dense-{corpus_key(self.corpus_dir, corpus_files(self.corpus_dir))}"
         passages_file, index_file = folder / "passages.json", folder / "index.faiss"
         if passages_file.exists() and index_file.exists():
-            self.passages = [Passage(**row) for row in json.loads(passages_file.read_text(encoding="utf-8"))]
-            self.faiss = faiss.read_index(str(index_file))
-            self.loaded_from_cache = True
-            return
+            try:
+                self.passages = [Passage(**row) for row in json.loads(passages_file.read_text(encoding="utf-8"))]
+                self.faiss = faiss.read_index(str(index_file))
+                self.loaded_from_cache = self.faiss.ntotal == len(self.passages)
+            except Exception as e:  # a damaged cache (a disk error, a copy cut short): build it again
+                log.warning("the index cache in %s is damaged (%s: %s): building it again", folder, type(e).__name__, e)
+            if self.loaded_from_cache:
+                return
         self.passages = load_passages(self.corpus_dir)
         vectors = embed([p.text for p in self.passages])
         self.faiss = faiss.IndexFlatIP(vectors.shape[1])  # inner product of unit vectors = cosine similarity

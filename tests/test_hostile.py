@@ -370,3 +370,47 @@ def test_a_reward_fn_that_hangs_or_exits_saves_the_steps_done(name, body, says, 
                                        "--reward-fn-timeout", "1", steps=3), capsys)
     assert says in said and "saving step 1" in said
     assert sorted(p.name for p in (tmp_path / "out" / "r").iterdir()) == ["step_000001"]
+
+
+# ---- the QA search tool ----
+
+def load_search():
+    sys.path.insert(0, str(ROOT / "experiment_multiturn_qa"))
+    try:
+        import search
+    finally:
+        sys.path.remove(str(ROOT / "experiment_multiturn_qa"))
+    return search
+
+
+def test_a_long_paragraph_without_a_sentence_end_is_split_in_linear_time():
+    """split_long copied the rest of the sentence at every cut: an 8 MiB paragraph took 5.7 s."""
+    import time
+
+    search = load_search()
+    started = time.perf_counter()
+    pieces = search.split_long("word " * (8 * 2**20 // 5))
+    assert time.perf_counter() - started < 2.0  # about 0.1 s here
+    assert len(pieces) > 10_000 and max(map(len, pieces)) <= search.MAX_CHARS
+
+
+def test_a_file_name_that_is_not_utf8_is_skipped_and_a_damaged_cache_rebuilt(tmp_path, caplog):
+    """A non-UTF-8 file name crashed the dense index build (and left a temporary file); a damaged index cache gave a
+    traceback instead of a rebuild."""
+    search = load_search()
+    corpus, cache = tmp_path / "corpus", tmp_path / "cache"
+    corpus.mkdir()
+    (corpus / "notes.md").write_text("The lighthouse of Orrin Quade was built in 1893 on the northern cape.\n")
+    (corpus / os.fsdecode(b"caf\xe9.md")).write_text("A file named in Latin-1 bytes, not UTF-8, says 1901.\n")
+    with caplog.at_level(logging.WARNING):
+        index = search.SearchIndex(corpus, "dense", cache_dir=cache)
+    assert [p.source for p in index.passages] == ["notes.md"] and "not UTF-8" in caplog.text
+    assert not list(cache.rglob("*.tmp"))
+    for damaged in cache.rglob("index.faiss"):
+        damaged.write_bytes(b"\x00" * 10)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        again = search.SearchIndex(corpus, "dense", cache_dir=cache)
+    assert "damaged" in caplog.text and not again.loaded_from_cache
+    assert again.search("Who built the lighthouse?", top_k=1)[0].source == "notes.md"
+    assert search.SearchIndex(corpus, "dense", cache_dir=cache).loaded_from_cache  # rebuilt and cached again
