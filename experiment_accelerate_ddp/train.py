@@ -1075,15 +1075,50 @@ def claim_run_folder(run_dir, log_dir, checkpoint_dir):
               file=sys.stderr)
 
 
-def find_checkpoint(path):
-    """A checkpoint folder, or the newest step_N inside a run folder."""
+# What a checkpoint must share with the run that resumes it, besides the experiment: what the weights are.
+RESUME_MUST_MATCH = ("model_name", "quantization", "lora", "lora_r", "lora_alpha")
+
+
+def find_checkpoint(path, args):
+    """A checkpoint folder, or the newest complete step_N inside a run folder (a damaged newer one is passed over,
+    with a message). An error, naming what differs, if it was written by another experiment or for other weights."""
     path = Path(path)
-    if (path / "training_state.pt").is_file():
-        return path
-    steps = sorted(path.glob("step_*[0-9]"))
-    if not steps:
+    explicit = (path / "training_state.pt").is_file()
+    candidates = [path] if explicit else sorted(path.glob("step_*[0-9]"), reverse=True)
+    if not candidates:
         raise InputError(f"--resume {path}: no checkpoint there (expected training_state.pt or step_N folders)")
-    return steps[-1]
+    for folder in candidates:
+        problem = checkpoint_problem(folder)
+        if problem is None:
+            break
+        if explicit:
+            raise InputError(f"--resume {folder}: {problem}")
+        print(f"--resume: {folder.name} is damaged ({problem}); trying the step before it", file=sys.stderr)
+    else:
+        raise InputError(f"--resume {path}: no complete checkpoint there")
+    state = load_state_file(folder)
+    experiment = state.get("experiment", EXPERIMENT)  # checkpoints before 2026-11-23 did not record it
+    if experiment != EXPERIMENT:
+        raise InputError(f"--resume {folder}: a checkpoint of {experiment}; resume it with {experiment}/train.py")
+    saved = state.get("args", {})
+    differs = [f"--{name.replace('_', '-')} {saved[name]} there, {getattr(args, name)} here"
+               for name in RESUME_MUST_MATCH if name in saved and saved[name] != getattr(args, name)]
+    if differs:
+        raise InputError(f"--resume {folder}: its weights were trained with other options: {'; '.join(differs)}")
+    return folder
+
+
+def checkpoint_problem(folder):
+    """Why a checkpoint folder cannot be resumed (its training state does not load, its weights are missing or
+    empty), or None."""
+    try:
+        load_state_file(folder)
+    except InputError as e:
+        return str(e).removeprefix(f"--resume {folder}: ")
+    weights = list(folder.glob("*.safetensors"))
+    if not weights or any(w.stat().st_size == 0 for w in weights):
+        return "its weights (*.safetensors) are missing or empty"
+    return None
 
 
 def load_state_file(folder):
@@ -1093,6 +1128,9 @@ def load_state_file(folder):
     except pickle.UnpicklingError as e:
         raise InputError(f"--resume {folder}: training_state.pt holds more than tensors and plain data, so it is not "
                          f"loaded (it could run code): {str(e).splitlines()[0][:200]}")
+    except (OSError, RuntimeError, EOFError, ValueError) as e:  # cut short, or not a torch file at all
+        raise InputError(f"--resume {folder}: training_state.pt is damaged ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0][:200]})")
 
 
 def load_checkpoint(folder, accelerator):
@@ -1315,7 +1353,7 @@ def run(args):
     if accelerator.distributed_type == "DEEPSPEED" and args.train_batch_size < most:
         raise InputError(f"under DeepSpeed every backward pass is an optimizer step: --train-batch-size must hold "
                          f"a process's share of a step, {most} sequences, to keep one update per step")
-    checkpoint_dir = find_checkpoint(args.resume) if args.resume else None
+    checkpoint_dir = find_checkpoint(args.resume, args) if args.resume else None
     if checkpoint_dir:
         args.run_name = args.run_name or checkpoint_dir.parent.name  # keep logging into the same run
     args.run_name = args.run_name or f"{EXPERIMENT}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -1363,7 +1401,8 @@ def run(args):
         run_log.mkdir(parents=True, exist_ok=True)
 
     def checkpoint_now():
-        state = {"step": step, "data_position": list(position), "run_name": args.run_name, "args": vars(args)}
+        state = {"step": step, "data_position": list(position), "run_name": args.run_name, "experiment": EXPERIMENT,
+                 "args": vars(args)}
         save_checkpoint(run_dir / f"step_{step:06d}", accelerator, policy, state, args.keep_checkpoints)
 
     interrupts = Interrupts()

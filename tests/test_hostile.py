@@ -414,3 +414,62 @@ def test_a_file_name_that_is_not_utf8_is_skipped_and_a_damaged_cache_rebuilt(tmp
     assert "damaged" in caplog.text and not again.loaded_from_cache
     assert again.search("Who built the lighthouse?", top_k=1)[0].source == "notes.md"
     assert search.SearchIndex(corpus, "dense", cache_dir=cache).loaded_from_cache  # rebuilt and cached again
+
+
+# ---- damaged or mismatched checkpoints ----
+
+@pytest.fixture
+def two_steps(tiny_model_dir, tmp_path):
+    """experiment_base trained 2 steps, a checkpoint after each: (module, run folder)."""
+    module = load_experiment("experiment_base")
+    module.main([str(a) for a in tiny_run(module, tiny_model_dir, tmp_path, "--checkpoint-interval", "1", steps=2)])
+    return module, tmp_path / "out" / "r"
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(two_steps, tiny_model_dir, tmp_path, capsys):
+    """A training_state.pt cut short gave a traceback; now the run resumes from the newest complete step, says so,
+    and the damaged one is moved aside."""
+    module, run_dir = two_steps
+    state = run_dir / "step_000002" / "training_state.pt"
+    state.write_bytes(state.read_bytes()[:1000])
+    module.main([str(a) for a in tiny_run(module, tiny_model_dir, tmp_path, "--resume", run_dir, steps=3)])
+    said = capsys.readouterr()
+    assert "step_000002 is damaged (training_state.pt is damaged" in said.err
+    assert "resumed from" in said.out and "at step 1" in said.out
+    assert sorted(p.name for p in run_dir.glob("step_*")) == ["step_000001", "step_000003"]
+    assert [p.name for p in run_dir.glob("superseded-*/step_*")] == ["step_000002"]  # the damaged one, moved aside
+
+
+@pytest.mark.parametrize("options, says", [
+    (["--lora-r", "4"], "--lora-r 16 there, 4 here"),
+    (["--no-lora"], "--lora True there, False here"),
+], ids=["lora-r", "no-lora"])
+def test_resuming_with_other_weights_names_what_differs(two_steps, tiny_model_dir, tmp_path, capsys, options, says):
+    """Another --lora-r, or --no-lora against LoRA, gave a traceback deep inside the state-dict loading."""
+    from conftest import fails_with
+
+    module, run_dir = two_steps
+    said = fails_with(module, tiny_run(module, tiny_model_dir, tmp_path, "--resume", run_dir, *options, steps=3), capsys)
+    assert says in said
+
+
+def test_a_checkpoint_of_another_experiment_is_refused(two_steps, tiny_model_dir, tmp_path, capsys):
+    """experiment_drgrpo took experiment_base's checkpoint silently (and experiment_accelerate failed with KeyError)."""
+    from conftest import fails_with
+
+    _, run_dir = two_steps
+    for name in ("experiment_drgrpo", "experiment_accelerate"):
+        module = load_experiment(name)
+        said = fails_with(module, tiny_run(module, tiny_model_dir, tmp_path, "--resume", run_dir / "step_000002",
+                                           "--run-name", "other", steps=3), capsys)
+        assert "a checkpoint of experiment_base" in said
+
+
+def test_an_empty_adapter_file_is_named(two_steps, tiny_model_dir, tmp_path, capsys):
+    from conftest import fails_with
+
+    module, run_dir = two_steps
+    (run_dir / "step_000002" / "adapter_model.safetensors").write_bytes(b"")
+    said = fails_with(module, tiny_run(module, tiny_model_dir, tmp_path, "--resume", run_dir / "step_000002", steps=3),
+                      capsys)
+    assert "weights (*.safetensors) are missing or empty" in said
