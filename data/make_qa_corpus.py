@@ -318,14 +318,21 @@ def main(argv=None):
         parser.error("need 1 <= --orgs <= --people (every organisation has its own founder)")
     if args.train_questions < 1 or args.eval_questions < 0:
         parser.error("--train-questions must be at least 1 and --eval-questions at least 0")
+    if args.out_dir.exists() and not args.out_dir.is_dir():
+        parser.error(f"--out-dir {args.out_dir}: a file, not a folder")
 
     rng = random.Random(args.seed)
     world = make_world(rng, args.people, args.towns, args.orgs, args.regions)
     docs = write_documents(world, rng)
     # search.py merges a block under 80 characters (a title) into the next one: longer paragraphs keep their ids.
-    assert all(len(text) >= 100 for paragraphs in docs.values() for text, _ in paragraphs)
+    if any(len(text) < 100 for paragraphs in docs.values() for text, _ in paragraphs):
+        parser.error("a world this small writes paragraphs too short to be passages of their own: give it more "
+                     "people, towns and organisations (--people 10 --towns 4 --orgs 3 --regions 1 is enough)")
     one_hop, two_hop = make_questions(world, docs, rng)
     train, held_out = split_questions(one_hop, two_hop, args.train_questions, args.eval_questions, rng)
+    if len(train) < args.train_questions or len(held_out) < args.eval_questions:
+        parser.error(f"this world holds {len(one_hop) + len(two_hop)} questions, not the {args.train_questions} + "
+                     f"{args.eval_questions} asked: ask for fewer, or give it more people, towns and organisations")
 
     corpus = args.out_dir / "corpus"
     corpus.mkdir(parents=True, exist_ok=True)

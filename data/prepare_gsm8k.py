@@ -175,6 +175,8 @@ def parse_args(argv=None):
         parser.error("give either --source or --train-file/--test-file, not both")
     if args.max_rows is not None and args.max_rows < 1:
         parser.error(f"--max-rows must be at least 1, got {args.max_rows}")
+    if args.out_dir.exists() and not args.out_dir.is_dir():
+        parser.error(f"--out-dir {args.out_dir}: a file, not a folder")
     return args
 
 

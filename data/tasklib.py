@@ -42,6 +42,8 @@ def split_parser(description, train_rows, eval_rows):
 def check_sizes(parser, args):
     if args.train_rows < 1 or args.eval_rows < 0:
         parser.error("--train-rows must be at least 1 and --eval-rows at least 0")
+    if args.out_dir.exists() and not args.out_dir.is_dir():
+        parser.error(f"--out-dir {args.out_dir}: a file, not a folder")
 
 
 def write_split(args, name, train, held_out, what="tasks"):

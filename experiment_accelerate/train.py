@@ -1278,6 +1278,17 @@ def train_step(model, batch, args, optimizer, scheduler, accelerator, reference=
     return totals
 
 
+def check_context(model, tokenizer, tasks, path, max_length, prompt):
+    """Refuse questions whose prompt, with the completion budget, does not fit the model's context: they would fail
+    (or be cut) mid-run. The longest by characters are tokenized, not the whole file."""
+    context = getattr(model.config, "max_position_embeddings", None)
+    for task in sorted(tasks, key=lambda t: len(t["question"]))[-8:] if context else []:
+        tokens = len(tokenizer(prompt(task["question"])).input_ids)
+        if tokens + max_length > context:
+            raise InputError(f"{path}: the question {task['question'][:80]!r}... makes a prompt of {tokens} tokens, "
+                             f"which with --max-length {max_length} passes the model's context of {context}")
+
+
 def make_optimizer(model, args):
     params = [p for p in model.parameters() if p.requires_grad]
     if args.device.startswith("cuda"):
@@ -1328,6 +1339,8 @@ def run(args):
     random.seed(args.seed)
     torch.manual_seed(args.seed)
     model, tokenizer = load_model(args)
+    for tasks, data_path in ((train_tasks, args.data_path), (eval_tasks or [], args.eval_data_path)):
+        check_context(model, tokenizer, tasks, data_path, args.max_length, lambda q: format_prompt(tokenizer, q, args.task, args.reasoning_format))
     optimizer = make_optimizer(model, args)
     reference = None
     if not args.lora and args.kl_weight > 0:  # full fine-tuning: a frozen copy is the only way to keep pi_ref

@@ -473,3 +473,41 @@ def test_an_empty_adapter_file_is_named(two_steps, tiny_model_dir, tmp_path, cap
     said = fails_with(module, tiny_run(module, tiny_model_dir, tmp_path, "--resume", run_dir / "step_000002", steps=3),
                       capsys)
     assert "weights (*.safetensors) are missing or empty" in said
+
+
+# ---- the data scripts ----
+
+@pytest.mark.parametrize("script", ["make_math_tasks.py", "make_knights_knaves.py", "make_tool_tasks.py",
+                                    "make_qa_corpus.py", "prepare_gsm8k.py"])
+def test_generators_name_a_file_given_as_out_dir(script, tmp_path):
+    """--out-dir naming a file gave a FileExistsError traceback."""
+    from conftest import run_script
+
+    not_a_folder = tmp_path / "taken"
+    not_a_folder.write_text("")
+    result = run_script(ROOT / "data" / script, "--out-dir", not_a_folder)
+    assert result.returncode == 2 and "a file, not a folder" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("sizes, says", [(["--people", "2", "--orgs", "1", "--towns", "1", "--regions", "1"], "too short"),
+                                         (["--people", "5", "--orgs", "2", "--towns", "2", "--regions", "1"], "holds 79")],
+                         ids=["tiny-world", "too-few-questions"])
+def test_qa_corpus_too_small_is_a_message(sizes, says, tmp_path):
+    """A tiny world raised a bare AssertionError; a small one wrote 0 of the 3,000 training questions asked."""
+    from conftest import run_script
+
+    result = run_script(ROOT / "data" / "make_qa_corpus.py", *sizes, "--out-dir", tmp_path / "qa")
+    assert result.returncode == 2 and says in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("name", SINGLE_PROCESS + ["experiment_accelerate"])
+def test_a_prompt_longer_than_the_context_is_refused(name, tiny_model_dir, tmp_path, capsys):
+    """A question whose prompt, with the budget, passes the model's context (1,024 for the tiny model) went in
+    without a word."""
+    from conftest import fails_with, write_jsonl
+
+    module = load_experiment(name)
+    long_data = write_jsonl(tmp_path / "long.jsonl", [{"question": "Q", "answer": "7"},
+                                                      {"question": "Why " * 300 + "?", "answer": "7"}])
+    said = fails_with(module, tiny_run(module, tiny_model_dir, tmp_path, "--data-path", long_data), capsys)
+    assert "long.jsonl: the question 'Why Why" in said and "passes the model's context of 1024" in said
