@@ -59,7 +59,7 @@ def build_tiny_model(folder, seed=0):
     tokenizer.add_tokens(TAGS)  # ordinary tokens: decoding keeps them
     tokenizer.chat_template = CHAT_TEMPLATE
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
                          bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                          pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False, initializer_range=0.3)
     torch.manual_seed(seed)

@@ -502,12 +502,12 @@ def test_qa_corpus_too_small_is_a_message(sizes, says, tmp_path):
 
 @pytest.mark.parametrize("name", SINGLE_PROCESS + ["experiment_accelerate"])
 def test_a_prompt_longer_than_the_context_is_refused(name, tiny_model_dir, tmp_path, capsys):
-    """A question whose prompt, with the budget, passes the model's context (1,024 for the tiny model) went in
+    """A question whose prompt, with the budget, passes the model's context (2,048 for the tiny model) went in
     without a word."""
     from conftest import fails_with, write_jsonl
 
     module = load_experiment(name)
     long_data = write_jsonl(tmp_path / "long.jsonl", [{"question": "Q", "answer": "7"},
-                                                      {"question": "Why " * 300 + "?", "answer": "7"}])
+                                                      {"question": "Why " * 600 + "?", "answer": "7"}])
     said = fails_with(module, tiny_run(module, tiny_model_dir, tmp_path, "--data-path", long_data), capsys)
-    assert "long.jsonl: the question 'Why Why" in said and "passes the model's context of 1024" in said
+    assert "long.jsonl: the question 'Why Why" in said and "passes the model's context of 2048" in said
