@@ -678,9 +678,12 @@ class Scorer:
         terms = {name: torch.tensor(values, dtype=torch.float32) for name, values in terms.items()}
         rewards = torch.as_tensor(sum(self.weights.get(name, 0.0) * values for name, values in terms.items()),
                                   dtype=torch.float32)
-        for i in (~torch.isfinite(rewards)).nonzero().flatten().tolist()[:1]:  # 1e308 is a float64, inf in float32
-            raise RewardError(f"the reward of completion {completions[i][:300]!r} (answer {answers[i]!r}) is {rewards[i].item()}, "
-                              f"not a finite float32 number; its terms: { {n: v[i].item() for n, v in terms.items()} }")
+        bad = (~torch.isfinite(rewards)).nonzero().flatten().tolist()  # 1e308 is a float64, inf in float32
+        if bad:
+            i = bad[0]
+            raise RewardError(f"the reward of completion {completions[i][:300]!r} (answer {answers[i]!r}) is "
+                              f"{rewards[i].item()}, not a finite float32 number; its terms: "
+                              f"{ {n: v[i].item() for n, v in terms.items()} }")
         return rewards, terms
 
     def call_custom(self, completion, answer, metadata):

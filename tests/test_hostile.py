@@ -50,11 +50,7 @@ def test_reward_fn_folder_does_not_shadow_installed_packages(experiment, tmp_pat
 
 def test_search_corpus_skips_links_out_of_the_folder(tmp_path, caplog):
     """A symlink in --corpus-dir to a file outside it (/etc/passwd, say) was served to the model as a passage."""
-    sys.path.insert(0, str(ROOT / "experiment_multiturn_qa"))
-    try:
-        import search
-    finally:
-        sys.path.remove(str(ROOT / "experiment_multiturn_qa"))
+    search = load_search()
     corpus, secrets = tmp_path / "corpus", tmp_path / "secrets"
     corpus.mkdir()
     secrets.mkdir()
