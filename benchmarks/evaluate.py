@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 import torch
-from step_time import load_base
+from common import load_experiment
 
 TASKS = ["math", "gsm8k", "knights_knaves"]
 
@@ -60,10 +60,8 @@ def parse_args(argv=None):
 def sampled(base, model, tokenizer, tasks, options, score, samples):
     """Accuracy of `samples` completions per problem at temperature 1, and pass@samples."""
     model.eval()
-    prompts = [base.format_prompt(tokenizer, t["question"], options.task) for t in tasks]
-    result = base.rollout(model, tokenizer, prompts, [t["answer"] for t in tasks], samples, options.max_length,
-                          temperature=1.0, generation_batch_size=options.generation_batch_size, score=score,
-                          metadata=[t["metadata"] for t in tasks])
+    result = base.rollout(model, tokenizer, tasks, samples, options.max_length, temperature=1.0,
+                          generation_batch_size=options.generation_batch_size, score=score)
     correct = (result.terms["correctness"] == 1).view(len(tasks), samples)
     return {"sample_accuracy": correct.float().mean().item(), f"pass@{samples}": correct.any(1).float().mean().item(),
             "sample_format_rate": result.terms["format"].mean().item()}
@@ -71,7 +69,7 @@ def sampled(base, model, tokenizer, tasks, options, score, samples):
 
 def main(argv=None):
     args = parse_args(argv)
-    base = load_base()
+    base = load_experiment()
     model = tokenizer = None
     results = {}
     for task in args.tasks:
@@ -89,6 +87,8 @@ def main(argv=None):
                 from safetensors.torch import load_file
 
                 set_peft_model_state_dict(model, load_file(args.checkpoint / "adapter_model.safetensors"))
+        for t in tasks:
+            t["prompt"] = base.format_prompt(tokenizer, t["question"], task)
         score = base.Scorer(task=task)
         results[task] = {**base.evaluate(model, tokenizer, tasks, options, score), "problems": len(tasks)}
         if args.samples:

@@ -19,7 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from common import ROOT, scalars
+
 FILTERS = ["--filter", "num_terms=2", "--filter", "num_digits=2", "--filter", "ops=+,-"]
 
 
@@ -33,18 +34,6 @@ def parse_args(argv=None):
     p.add_argument("--run-name", default=None, help="run name (default: learning-<time>)")
     p.add_argument("train_args", nargs="*", help="extra options for experiment_base/train.py, after --")
     return p.parse_args(argv)
-
-
-def scalars(log_dir):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    values = {}
-    for events in sorted(Path(log_dir).rglob("events.out.tfevents.*")):
-        accumulator = EventAccumulator(str(events), size_guidance={"scalars": 0})
-        accumulator.Reload()
-        for tag in accumulator.Tags()["scalars"]:
-            values.setdefault(tag, {}).update({e.step: e.value for e in accumulator.Scalars(tag)})
-    return {tag: sorted(points.items()) for tag, points in values.items()}
 
 
 def plot(curves, path, title):

@@ -24,7 +24,7 @@ import resource
 import statistics
 import sys
 
-from step_time import check_steps, load_base, project_steps, run_alone, workload, workload_parser, write_json
+from common import check_steps, load_experiment, project_steps, run_alone, workload, workload_parser, write_json
 
 CONFIGS = ["default", "fp32", "multinomial", "hf_prefill", "full_logits", "no_checkpointing", "kl"]
 
@@ -45,8 +45,12 @@ def switch_off(base, config):
             return torch.multinomial(torch.softmax(logits.float() / temperature, -1), 1).squeeze(-1)
         base.sample_token = sample_token
     if config == "hf_prefill":  # the model's forward slices the last position itself: a strided [B, 1, H] matmul
-        original = base.output_logits
-        base.output_logits = lambda model, hidden: original(model, hidden.unsqueeze(1)).squeeze(1)
+        original = base.body_and_head
+
+        def body_and_head(model):
+            body, head = original(model)
+            return body, lambda hidden: head(hidden.unsqueeze(1)).squeeze(1)
+        base.body_and_head = body_and_head
     if config == "full_logits":
         def sequence_log_probs(model, input_ids, attention_mask, num_actions=None, temperature=1.0):
             position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
@@ -61,17 +65,17 @@ def switch_off(base, config):
 
 
 def run_config(args, config):
-    base = load_base()
+    base = load_experiment()
     base.STOP_STRINGS = ()  # EOS only, as in step_time.py
     switch_off(base, config)
-    path, dtype, device, prompts, answers = workload(args, base)
+    path, dtype, device, tasks = workload(args, base)
     dtype_name = "float32" if config == "fp32" else str(dtype).removeprefix("torch.")
     options = base.parse_args(["--model-name", path, "--device", device, "--dtype", dtype_name, "--quantization", "none",
                                "--kl-weight", "0.01" if config == "kl" else "0", "--group-size", str(args.group_size),
                                "--rollouts-per-step", str(args.prompts), "--max-length", str(args.max_new_tokens),
                                "--train-batch-size", str(args.prompts * args.group_size)]
                               + (["--no-gradient-checkpointing"] if config == "no_checkpointing" else []))
-    steps = project_steps(base, options, prompts, answers, args)
+    steps = project_steps(base, options, tasks, args)
     measured = steps[1:]
     return {
         "sampling_seconds": statistics.median(s["sampling_seconds"] for s in measured),

@@ -25,7 +25,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from step_time import load_base, write_json
+from common import load_experiment, write_json
 
 # Llama-3.2-1B(-Instruct), from its public config.json
 LLAMA_3_2_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
@@ -72,7 +72,7 @@ def measure(args):
     from tokenizers import Tokenizer, models
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    base = load_base()
+    base = load_experiment()
     config = LlamaConfig(**{**LLAMA_3_2_1B, **({"num_hidden_layers": 2} if args.tiny else {})})
     with tempfile.TemporaryDirectory() as folder:
         torch.manual_seed(0)
@@ -91,15 +91,15 @@ def measure(args):
 
     model.eval()
     with torch.no_grad():  # KV cache per token, from a real cache
-        cache = base.decoder(model)(input_ids=ids, attention_mask=mask, use_cache=True).past_key_values
+        cache = base.body_and_head(model)[0](input_ids=ids, attention_mask=mask, use_cache=True).past_key_values
         kv = sum(t.nbytes for layer in cache.layers for t in (layer.keys, layer.values)) / args.measure_tokens
 
     model.train()  # what the forward keeps for the backward pass, with checkpointing (the default)
     keep = saved_bytes(lambda: base.sequence_log_probs(model, ids, mask, args.measure_tokens // 2)[0].sum()) / args.measure_tokens
-    layer = base.decoder(model).layers[0]
+    layer = base.body_and_head(model)[0].layers[0]
     hidden = torch.randn(1, args.measure_tokens, config.hidden_size, dtype=torch.bfloat16, requires_grad=True)
     positions = torch.arange(args.measure_tokens)[None]
-    rotary = base.decoder(model).rotary_emb(hidden, positions)
+    rotary = base.body_and_head(model)[0].rotary_emb(hidden, positions)
     model.eval()  # checkpointing is off outside training mode: the layer keeps all it needs, as when recomputed
     recompute = saved_bytes(lambda: layer(hidden, attention_mask=None, position_embeddings=rotary,
                                           position_ids=positions)) / args.measure_tokens

@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from learning import scalars
+from common import scalars
 
 TAGS = ["rollout/reward_mean", "rollout/accuracy", "rollout/format_rate", "train/kl"]
 

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from step_time import ROOT, load_base, write_json
+from common import ROOT, load_experiment, write_json
 
 QA = ROOT / "data" / "qa"
 
@@ -55,7 +55,7 @@ def recall(rows, results, answer_in):
 
 def main(argv=None):
     args = parse_args(argv)
-    qa = load_base("experiment_multiturn_qa")  # its search tool and its answer normalisation
+    qa = load_experiment("experiment_multiturn_qa")  # its search tool and its answer normalisation
     rows = [json.loads(line) for path in args.questions for line in path.read_text().splitlines() if line.strip()]
     rows = rows[: args.max_questions]
     table = {}

@@ -11,7 +11,7 @@ Identical on both sides: the model and its dtype (bfloat16 on this CPU), the pro
 experiment_base.format_prompt), prompts per step, group size, completion budget, LoRA rank/alpha on
 every linear layer, gradient checkpointing, learning rate, KL weight (beta), the GRPO loss
 (per-sequence token mean, std-scaled group advantages), one optimizer update per step, the reward
-function (experiment_base.compute_reward), sampling at temperature 1 with no top-k / top-p. Both
+function (experiment_base.Scorer), sampling at temperature 1 with no top-k / top-p. Both
 stop a completion at EOS only: experiment_base's extra stop strings are switched off here, since
 TRL has no equivalent by default.
 
@@ -20,48 +20,13 @@ where that time goes (sampling vs the rest), sampled tokens per second, and peak
 GPU peak when CUDA is present); then the ratios project / TRL.
 """
 
-import argparse
-import importlib.util
 import json
-import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def load_base(experiment="experiment_base"):
-    """An experiment's train.py as a module (experiment_base's unless named)."""
-    spec = importlib.util.spec_from_file_location(f"{experiment}_train", ROOT / experiment / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def workload_parser(description, steps, only):
-    """The options both benchmarks of a GRPO step share: model, sizes, steps, dtype, data, --only, --json."""
-    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model-name", default="packaged:gemma-3-270m", help="hub id, local folder or .gguf (default: %(default)s)")
-    p.add_argument("--prompts", type=int, default=4, help="prompts per step (default: %(default)s)")
-    p.add_argument("--group-size", type=int, default=4, help="completions per prompt (default: %(default)s)")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="completion budget (default: %(default)s)")
-    p.add_argument("--steps", type=int, default=steps, help="steps per run; the first is a warm-up (default: %(default)s)")
-    p.add_argument("--dtype", default="auto", help="model dtype, as experiment_base's --dtype (default: %(default)s)")
-    p.add_argument("--data-path", default=str(ROOT / "data" / "math_tasks.jsonl"), help="prompts (default: data/math_tasks.jsonl)")
-    p.add_argument("--only", choices=only, help="run one of them in this process and print its JSON")
-    p.add_argument("--json", type=Path, help="also write the results as JSON here")
-    return p
-
-
-def check_steps(parser, args):
-    if args.steps < 2:
-        parser.error("--steps must be at least 2: the first step is a warm-up")
-    return args
-
+from common import check_steps, load_experiment, peak_memory, project_steps, run_alone, workload, workload_parser, write_json
 
 def parse_args(argv=None):
     p = workload_parser(__doc__, steps=4, only=["project", "trl"])
@@ -71,61 +36,17 @@ def parse_args(argv=None):
     return check_steps(p, p.parse_args(argv))
 
 
-def workload(args, base):
-    """(model folder, dtype, prompts, answers): the same for both sides."""
-    device = "cuda" if base.torch.cuda.is_available() else "cpu"
-    path = base.resolve_model_path(args.model_name)
-    dtype = base.resolve_dtype(args.dtype, device)
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    tasks = base.load_tasks(args.data_path, max_rows=args.prompts * args.steps)
-    prompts = [base.format_prompt(tokenizer, t["question"]) for t in tasks]
-    return path, dtype, device, prompts, [t["answer"] for t in tasks]
-
-
-def peak_memory(device):
-    import torch
-
-    peak = {"peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
-    if device == "cuda":
-        peak["gpu_peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
-    return peak
-
-
 def run_project(args):
-    base = load_base()
+    base = load_experiment()
     base.STOP_STRINGS = ()  # EOS only, as TRL
-    path, dtype, device, prompts, answers = workload(args, base)
+    path, dtype, device, tasks = workload(args, base)
     dtype_name = str(dtype).removeprefix("torch.")
     options = base.parse_args(["--model-name", path, "--device", device, "--dtype", dtype_name, "--quantization", "none",
                                "--lora-r", str(args.lora_r), "--lora-alpha", str(2 * args.lora_r), "--lr", str(args.lr),
                                "--kl-weight", str(args.kl_weight), "--group-size", str(args.group_size),
                                "--rollouts-per-step", str(args.prompts), "--max-length", str(args.max_new_tokens),
                                "--train-batch-size", str(args.prompts * args.group_size)])
-    return {"steps": project_steps(base, options, prompts, answers, args), **peak_memory(device)}
-
-
-def project_steps(base, options, prompts, answers, args):
-    """Load the model and run args.steps GRPO steps of experiment_base, timing sampling and the whole step."""
-    base.torch.manual_seed(0)
-    model, tokenizer = base.load_model(options)
-    optimizer = base.make_optimizer(model, options)
-    scheduler = base.torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: 1.0)  # constant, as --warmup-steps 0
-    steps = []
-    for step in range(args.steps):
-        rows = slice(step * args.prompts, (step + 1) * args.prompts)
-        started = time.perf_counter()
-        model.eval()
-        result = base.rollout(model, tokenizer, prompts[rows], answers[rows], args.group_size, args.max_new_tokens)
-        sampled = time.perf_counter()
-        advantages = base.group_advantages(result.rewards.view(-1, args.group_size)).flatten()
-        model.train()
-        base.train_step(model, (result.sequence_ids, result.attention_mask, result.action_mask, advantages), options, optimizer,
-                        scheduler)
-        steps.append({"seconds": time.perf_counter() - started, "sampling_seconds": sampled - started,
-                      "tokens": int(result.action_mask.sum())})
-    return steps
+    return {"steps": project_steps(base, options, tasks, args), **peak_memory(device)}
 
 
 def run_trl(args):
@@ -135,15 +56,16 @@ def run_trl(args):
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    base = load_base()
-    path, dtype, device, prompts, answers = workload(args, base)
+    base = load_experiment()
+    path, dtype, device, tasks = workload(args, base)
+    score = base.Scorer()
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
-    dataset = Dataset.from_dict({"prompt": prompts, "answer": answers})
+    dataset = Dataset.from_dict({"prompt": [t["prompt"] for t in tasks], "answer": [t["answer"] for t in tasks]})
 
     def reward(prompts, completions, answer, **kwargs):
-        return [base.compute_reward(c, a) for c, a in zip(completions, answer)]
+        return score(completions, answer, [{}] * len(answer))[0].tolist()
 
     steps, marks = [], {}
 
@@ -180,22 +102,6 @@ def run_trl(args):
     torch.manual_seed(0)
     trainer.train()
     return {"steps": steps, **peak_memory(device)}
-
-
-def run_alone(script, only, argv):
-    """Run `script --only ONLY ARGV` in a fresh process (its peak memory is its own); returns its RESULT JSON."""
-    process = subprocess.run([sys.executable, str(script), "--only", only, *argv], capture_output=True, text=True)
-    lines = [line for line in process.stdout.splitlines() if line.startswith("RESULT ")]
-    if process.returncode != 0 or not lines:
-        sys.exit(f"error: {only} failed:\n{process.stderr[-3000:]}")
-    return json.loads(lines[-1][len("RESULT "):])
-
-
-def write_json(path, results):
-    if path:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(results, indent=2))
-        print(f"\nwrote {path}")
 
 
 def summarise(result):

@@ -4,7 +4,6 @@ Nothing is downloaded. The tokenizer is character-level (plus the tags as single
 chat template, so prompts are formatted the way an instruct model's would be.
 """
 
-import importlib.util
 import json
 import os
 import re
@@ -15,6 +14,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from common import load_experiment  # noqa: E402  (one loader for the tests and the benchmarks)
 EXPERIMENTS = sorted(p.parent.name for p in ROOT.glob("experiment_*/train.py"))
 # The experiments that train on question/answer data with the shared --task and reward options; the
 # multi-turn ones have rollouts and rewards of their own and their own test files.
@@ -71,14 +72,6 @@ def build_tiny_model(folder, seed=0):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
-
-
-def load_experiment(name):
-    """Import experiment_<name>/train.py by path, as its own module."""
-    spec = importlib.util.spec_from_file_location(f"{name}_train", ROOT / name / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(params=EXPERIMENTS)

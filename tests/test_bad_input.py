@@ -44,13 +44,19 @@ def test_missing_data_file(task_experiment, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, expected", [
-    (["--group-size", "1"], "--group-size must be at least 2, got 1 (GRPO compares completions within a group)"),
+    (["--group-size", "1"], "argument --group-size: must be an integer in [2, inf), got 1"),
     (["--quantization", "3bit"], "argument --quantization: invalid choice: '3bit'"),
     (["--device", "tpu"], "--device: expected auto, cuda, cuda:N or cpu, got 'tpu'"),
-    (["--top-p", "1.5"], "--top-p must be in (0, 1], got 1.5"),
+    (["--top-p", "1.5"], "argument --top-p: must be a finite number in (0, 1], got 1.5"),
+    (["--clip-eps", "5"], "argument --clip-eps: must be a finite number in (0, 1], got 5"),
+    (["--lr", "inf"], "argument --lr: must be a finite number in (0, 1], got inf"),
+    (["--kl-weight", "nan"], "argument --kl-weight: must be a finite number in [0, inf), got nan"),
+    (["--lora-dropout", "1.5"], "argument --lora-dropout: must be a finite number in [0, 1), got 1.5"),
+    (["--lr", "fast"], "argument --lr: invalid float value: 'fast'"),
     (["--no-lora", "--quantization", "4bit"], "--no-lora trains every weight"),
-    (["--filter", "num_terms"], "--filter expects FIELD=V1,V2, got 'num_terms'"),
-    (["--max-steps", "0"], "--max-steps must be at least 1, got 0"),
+    (["--filter", "num_terms"], "argument --filter: expected FIELD=V1,V2, got 'num_terms'"),
+    (["--max-steps", "0"], "argument --max-steps: must be an integer in [1, inf), got 0"),
+    (["--max-steps", "2.5"], "argument --max-steps: invalid int value: '2.5'"),
 ])
 def test_bad_option_values(task_experiment, capsys, argv, expected):
     assert expected in fails_with(task_experiment, argv, capsys)

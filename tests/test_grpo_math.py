@@ -140,8 +140,8 @@ def test_rollout_rows_are_grouped_and_masks_align(tiny):
     experiment, model, tokenizer = tiny
     torch.manual_seed(0)
     model.eval()
-    prompts = [experiment.format_prompt(tokenizer, q) for q in ["What is 2+3?", "What is 4*4?"]]
-    result = experiment.rollout(model, tokenizer, prompts, ["5", "16"], group_size=3, max_length=6,
+    tasks = [{"prompt": experiment.format_prompt(tokenizer, q), "answer": a} for q, a in [("What is 2+3?", "5"), ("What is 4*4?", "16")]]
+    result = experiment.rollout(model, tokenizer, tasks, group_size=3, max_length=6,
                                 generation_batch_size=3)  # two generation batches, one prompt each
     n, width = result.action_mask.shape
     assert n == 6 and result.rewards.shape == (6,) and len(result.completions) == 6

@@ -1,6 +1,5 @@
 """data/prepare_gsm8k.py on small GSM8K-format files written here, and data/reward_server.py over real HTTP."""
 
-import importlib.util
 import json
 import select
 import signal
@@ -15,6 +14,7 @@ import pyarrow
 import pyarrow.parquet
 import pytest
 
+from common import load_module
 from conftest import ROOT, run_script
 
 PREPARE = ROOT / "data" / "prepare_gsm8k.py"
@@ -41,13 +41,6 @@ EXPECTED = [
     {"question": "How many seconds are in 14 days and a bit?", "answer": "1234567", "solution": "Many."},
 ]
 TEST_ROWS = GSM8K_ROWS[1:3]  # the test split: a different, smaller set
-
-
-def load_module(path):
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def write_jsonl(path, rows):

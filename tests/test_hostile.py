@@ -257,7 +257,7 @@ def test_accelerate_train_batch_size_zero_is_a_message(capsys):
     from conftest import fails_with
 
     said = fails_with(load_experiment("experiment_accelerate"), ["--device", "cpu", "--train-batch-size", "0"], capsys)
-    assert "--train-batch-size must be at least 1" in said
+    assert "--train-batch-size: must be an integer in [1, inf), got 0" in said
 
 
 # ---- the reward service client: every failure a message, every request a deadline ----
@@ -340,7 +340,7 @@ def test_a_reward_url_that_is_no_url_is_refused(experiment, capsys):
     from conftest import fails_with
 
     said = fails_with(experiment, ["--device", "cpu", "--reward-url", "not a url"], capsys)
-    assert "--reward-url 'not a url'" in said and "http://" in said
+    assert "argument --reward-url: expected http://HOST[:PORT]/PATH" in said and "'not a url'" in said
 
 
 # ---- a --reward-fn that hangs or exits ----

@@ -1,17 +1,15 @@
 """data/make_knights_knaves.py: the brute-force solver, the puzzles it keeps, and the files it writes."""
 
-import importlib.util
 import json
 import re
 
 import pytest
 
+from common import load_module
 from conftest import ROOT, run_script
 
 SCRIPT = ROOT / "data" / "make_knights_knaves.py"
-spec = importlib.util.spec_from_file_location("make_knights_knaves", SCRIPT)
-kk = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(kk)
+kk = load_module(SCRIPT)
 
 ANSWER_LINE = re.compile(r"\((\d+)\) ([A-Z][a-z]+) is a (knight|knave)")
 

@@ -1,24 +1,17 @@
 """The fictional QA corpus (data/make_qa_corpus.py) and the search tool (experiment_multiturn_qa/search.py)."""
 
-import importlib.util
 import json
 import random
 import re
 import time
 
 import pytest
+from common import load_module
 from conftest import ROOT, run_script, write_pdf
 
 GENERATOR = ROOT / "data" / "make_qa_corpus.py"
 SEARCH = ROOT / "experiment_multiturn_qa" / "search.py"
 QA = ROOT / "data" / "qa"
-
-
-def load_module(path, name):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 search = load_module(SEARCH, "qa_search")

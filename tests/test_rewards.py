@@ -123,13 +123,16 @@ def test_reasoning_quality(task_experiment):
 
 
 def test_reward_weights(task_experiment):
+    def reward(completion, answer, weights=""):  # the run's reward: the Scorer's weighted sum of the terms
+        return task_experiment.Scorer(weights=weights)([completion], [answer], [{}])[0].item()
+
     good = "<think>First 3 * 4 = 12, then 12 + 1 = 13.</think><answer>13</answer>"
-    assert task_experiment.compute_reward(good, "13") == pytest.approx(1 + 0.1 + 0.1)  # the default weights
-    weights = task_experiment.parse_weights("correctness=2,format=1,reasoning=0.5")
-    assert task_experiment.compute_reward(good, "13", weights=weights) == pytest.approx(2 + 1 + 0.5)
-    assert task_experiment.compute_reward(good, "14", weights=weights) == pytest.approx(0 + 1 + 0.5)
+    assert reward(good, "13") == pytest.approx(1 + 0.1 + 0.1)  # the default weights
+    weights = "correctness=2,format=1,reasoning=0.5"
+    assert reward(good, "13", weights) == pytest.approx(2 + 1 + 0.5)
+    assert reward(good, "14", weights) == pytest.approx(0 + 1 + 0.5)
     hacked = "<think></think><answer></answer>"  # empty tags score nothing under any weights
-    assert task_experiment.compute_reward(hacked, "13", weights=weights) == 0.0
+    assert reward(hacked, "13", weights) == 0.0
     with pytest.raises(ValueError, match="unknown reward term 'style'"):
         task_experiment.parse_weights("style=1")
 
