@@ -6,13 +6,18 @@ import json
 from conftest import ROOT, run_script, write_jsonl
 
 
-def test_step_time_benchmark_runs(tiny_model_dir, tmp_path):
-    out = tmp_path / "step_time.json"
-    result = run_script(ROOT / "benchmarks" / "step_time.py", "--model-name", tiny_model_dir, "--steps", "2",
-                        "--max-new-tokens", "8", "--dtype", "float32", "--json", out)
+def run_benchmark(tmp_path, script, *args):
+    """Run benchmarks/SCRIPT with args and --json; it must succeed. Returns its output and the JSON it wrote."""
+    out = tmp_path / f"{script}.json"
+    result = run_script(ROOT / "benchmarks" / script, *args, "--json", out)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "| seconds per step (median)" in result.stdout
-    table = json.loads(out.read_text())
+    return result.stdout, json.loads(out.read_text())
+
+
+def test_step_time_benchmark_runs(tiny_model_dir, tmp_path):
+    stdout, table = run_benchmark(tmp_path, "step_time.py", "--model-name", tiny_model_dir, "--steps", "2",
+                                  "--max-new-tokens", "8", "--dtype", "float32")
+    assert "| seconds per step (median)" in stdout
     for side in ("project", "trl"):
         assert table[side]["step_seconds"] > 0 and table[side]["peak_rss_gb"] > 0
         assert len(table[side]["steps"]) == 2 and all(step["tokens"] > 0 for step in table[side]["steps"])
@@ -31,58 +36,45 @@ def test_learning_benchmark_runs(tiny_model_dir, tmp_path):
 
 
 def test_levers_benchmark_runs(tiny_model_dir, tmp_path):
-    out = tmp_path / "levers.json"
-    result = run_script(ROOT / "benchmarks" / "levers.py", "--model-name", tiny_model_dir, "--steps", "2",
-                        "--max-new-tokens", "8", "--dtype", "float32", "--configs", "default", "full_logits", "--json", out)
-    assert result.returncode == 0, result.stderr[-3000:]
-    table = json.loads(out.read_text())
+    _, table = run_benchmark(tmp_path, "levers.py", "--model-name", tiny_model_dir, "--steps", "2",
+                             "--max-new-tokens", "8", "--dtype", "float32", "--configs", "default", "full_logits")
     assert list(table) == ["default", "full_logits"]
     assert all(r["sampling_seconds"] > 0 and r["training_seconds"] > 0 for r in table.values())
 
 
 def test_evaluate_benchmark_runs(tiny_model_dir, tmp_path):
-    out = tmp_path / "evaluate.json"
-    result = run_script(ROOT / "benchmarks" / "evaluate.py", "--model-name", tiny_model_dir, "--eval-prompts", "3",
-                        "--max-length", "8", "--dtype", "float32", "--tasks", "math", "gsm8k", "--json", out)
-    assert result.returncode == 0, result.stderr[-3000:]
-    table = json.loads(out.read_text())
+    stdout, table = run_benchmark(tmp_path, "evaluate.py", "--model-name", tiny_model_dir, "--eval-prompts", "3",
+                                  "--max-length", "8", "--dtype", "float32", "--tasks", "math", "gsm8k")
     assert table["math"]["problems"] == 3 and 0 <= table["math"]["eval/accuracy"] <= 1
     if not (ROOT / "data" / "gsm8k_test.jsonl").exists():
-        assert "missing" in table["gsm8k"] and "not run" in result.stdout
+        assert "missing" in table["gsm8k"] and "not run" in stdout
 
 
 def test_evaluate_samples_filter_and_data(tiny_model_dir, tmp_path):
     rows = [{"question": f"What is {i} + 1?", "answer": str(i + 1), "kind": "easy" if i % 3 else "hard"} for i in range(9)]
     data = write_jsonl(tmp_path / "held_out.jsonl", rows)
-    out = tmp_path / "evaluate.json"
-    result = run_script(ROOT / "benchmarks" / "evaluate.py", "--model-name", tiny_model_dir, "--tasks", "gsm8k",
-                        "--data", f"gsm8k={data}", "--filter", "kind=easy", "--samples", "3", "--max-length", "6",
-                        "--dtype", "float32", "--json", out)
-    assert result.returncode == 0, result.stderr[-3000:]
-    gsm8k = json.loads(out.read_text())["gsm8k"]
+    stdout, table = run_benchmark(tmp_path, "evaluate.py", "--model-name", tiny_model_dir, "--tasks", "gsm8k",
+                                  "--data", f"gsm8k={data}", "--filter", "kind=easy", "--samples", "3", "--max-length", "6",
+                                  "--dtype", "float32")
+    gsm8k = table["gsm8k"]
     assert gsm8k["problems"] == 6  # the 'easy' rows of the file given with --data, not data/gsm8k_test.jsonl
     assert 0 <= gsm8k["sample_accuracy"] <= gsm8k["pass@3"] <= 1
-    assert "| sampled accuracy | pass@3 |" in result.stdout
+    assert "| sampled accuracy | pass@3 |" in stdout
     bad = run_script(ROOT / "benchmarks" / "evaluate.py", "--data", "poetry=x.jsonl")
     assert bad.returncode != 0 and "unknown task" in bad.stderr
 
 
 def test_retrieval_benchmark_runs(tmp_path):
-    out = tmp_path / "recall.json"
-    result = run_script(ROOT / "benchmarks" / "retrieval.py", "--retrievers", "bm25", "--max-questions", "80",
-                        "--json", out)
-    assert result.returncode == 0, result.stderr[-3000:]
-    bm25 = json.loads(out.read_text())["recall"]["bm25"]
+    stdout, table = run_benchmark(tmp_path, "retrieval.py", "--retrievers", "bm25", "--max-questions", "80")
+    bm25 = table["recall"]["bm25"]
     assert bm25["single_hop_cited"] >= 0.9 and bm25["single_hop_answer"] >= 0.9  # one search finds a single hop
     assert bm25["two_hop_answer"] < bm25["two_hop_first_cited"]  # but not, as a rule, the second hop's answer
-    assert "| bm25 |" in result.stdout
+    assert "| bm25 |" in stdout
 
 
 def test_memory_estimate_runs(tmp_path):
-    out = tmp_path / "memory.json"
-    result = run_script(ROOT / "benchmarks" / "memory_estimate.py", "--tiny", "--measure-tokens", "32", "--json", out)
-    assert result.returncode == 0, result.stderr[-3000:]
-    parts = json.loads(out.read_text())["parts"]
+    _, table = run_benchmark(tmp_path, "memory_estimate.py", "--tiny", "--measure-tokens", "32")
+    parts = table["parts"]
     # bfloat16 KV cache of 2 layers x (K, V) x 8 heads x 64 dims: 4 KiB per token
     assert parts["kv_per_token"] == 2 * 2 * 8 * 64 * 2
     assert 0 < parts["checkpoint_per_token"] < parts["layer_recompute_per_token"]
@@ -95,15 +87,14 @@ def test_plot_runs_compares_runs(tmp_path):
         with SummaryWriter(tmp_path / run) as writer:
             for step in range(1, 11):
                 writer.add_scalar("rollout/reward_mean", slope * step, step)
-    png, out = tmp_path / "runs.png", tmp_path / "runs.json"
-    result = run_script(ROOT / "benchmarks" / "plot_runs.py", tmp_path / "flat", tmp_path / "rising", "--tags",
-                        "rollout/reward_mean", "--window", "2", "--out", png, "--json", out)
-    assert result.returncode == 0, result.stderr[-3000:]
-    table = json.loads(out.read_text())["table"]
+    png = tmp_path / "runs.png"
+    stdout, table = run_benchmark(tmp_path, "plot_runs.py", tmp_path / "flat", tmp_path / "rising", "--tags",
+                                  "rollout/reward_mean", "--window", "2", "--out", png)
+    table = table["table"]
     assert table["flat"]["rollout/reward_mean"] == [0.0, 0.0]
     first, last = table["rising"]["rollout/reward_mean"]
     assert abs(first - 0.15) < 1e-6 and abs(last - 0.95) < 1e-6  # steps 1-2 and 9-10
-    assert "| rising | 10 | 0.15 -> 0.95 |" in result.stdout
+    assert "| rising | 10 | 0.15 -> 0.95 |" in stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     missing = run_script(ROOT / "benchmarks" / "plot_runs.py", tmp_path / "flat", "--tags", "train/kl")
     assert missing.returncode != 0 and "train/kl" in missing.stderr
