@@ -42,10 +42,12 @@ def parse_args(argv=None):
                    help="as experiment_base's --filter: keep rows whose FIELD is one of the values; repeatable")
     p.add_argument("--samples", type=int, default=0, help="also sample K completions per problem at temperature 1 "
                    "and report their accuracy and pass@K (default: 0, greedy only)")
+    p.add_argument("--generation-batch-size", type=int, default=64, help="sequences sampled at once (default: %(default)s)")
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
     args = p.parse_args(argv)
-    if args.samples < 0:
-        p.error(f"--samples must be 0 or more, got {args.samples}")
+    if args.samples < 0 or args.generation_batch_size < 1:
+        p.error(f"--samples must be 0 or more and --generation-batch-size at least 1, got {args.samples} and "
+                f"{args.generation_batch_size}")
     try:
         args.data = dict(item.split("=", 1) for item in args.data)
     except ValueError:
@@ -74,7 +76,8 @@ def main(argv=None):
     results = {}
     for task in args.tasks:
         options = base.parse_args(["--model-name", args.model_name, "--task", task, "--eval-prompts", str(args.eval_prompts),
-                                   "--max-length", str(args.max_length), "--dtype", args.dtype])
+                                   "--max-length", str(args.max_length), "--dtype", args.dtype,
+                                   "--generation-batch-size", str(args.generation_batch_size)])
         path = args.data.get(task, options.eval_data_path)
         if not Path(path).is_file():
             results[task] = {"missing": path}

@@ -474,7 +474,7 @@ def test_an_empty_adapter_file_is_named(two_steps, tiny_model_dir, tmp_path, cap
 # ---- the data scripts ----
 
 @pytest.mark.parametrize("script", ["make_math_tasks.py", "make_knights_knaves.py", "make_tool_tasks.py",
-                                    "make_qa_corpus.py", "prepare_gsm8k.py"])
+                                    "make_simple_tasks.py", "make_qa_corpus.py", "prepare_gsm8k.py"])
 def test_generators_name_a_file_given_as_out_dir(script, tmp_path):
     """--out-dir naming a file gave a FileExistsError traceback."""
     from conftest import run_script

@@ -1,0 +1,92 @@
+"""Write one-step tasks with a number for an answer, of several kinds, for choosing a task the packaged
+Gemma-3-270M sometimes solves: data/simple_tasks.jsonl (training) and data/simple_tasks_eval.jsonl (held out).
+
+Each line is {"question", "answer", "kind"}; `--filter kind=compare` keeps one kind:
+  word_problem     "Mia has 7 pencils. She buys 5 more. How many pencils does Mia have now?"  12
+  compare          "Which number is larger, 47 or 29?"  47
+  count_letters    "How many times does the letter "e" appear in the word "elephant"?"  2
+  count_words      "How many words are in this sentence: "the dog ran home"?"  4
+  next_number      "What number comes next: 4, 7, 10, 13, ...?"  16
+  unit_conversion  "How many minutes are in 3 hours?"  180
+The same seed writes the same bytes, and no held-out question appears in the training file.
+
+    python data/make_simple_tasks.py                   # 1,500 training + 900 held-out rows, every kind
+    python data/make_simple_tasks.py --train-rows 600 --out-dir /tmp/tasks
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tasklib.py, next to this script
+from tasklib import generate  # noqa: E402
+
+NAMES = ["Mia", "Leo", "Ava", "Sam", "Zoe", "Max", "Ivy", "Ben", "Eva", "Tom"]
+ITEMS = ["apples", "pencils", "stickers", "marbles", "books", "cookies", "shells", "cards"]
+WORDS = ["apple", "banana", "cherry", "elephant", "giraffe", "balloon", "pepper", "coffee", "letter", "mirror",
+         "window", "garden", "rabbit", "butter", "summer", "kitten", "puppy", "bottle", "pizza", "little", "yellow",
+         "common", "success", "address", "between", "committee", "parallel", "tomorrow", "strawberry", "mississippi",
+         "happy", "dinner", "rocket", "pillow", "cookie", "school", "kettle", "bubble", "follow", "hello", "umbrella",
+         "grass", "tennis", "puzzle", "carrot", "button", "mammal", "teeth", "sheep", "street", "banner", "cotton",
+         "jelly", "marble", "noodle", "planet", "silver", "tunnel", "valley", "wallet", "zebra", "orange", "lemon",
+         "potato", "tomato", "guitar", "castle", "island", "forest", "river", "bridge", "candle", "pencil", "rubber"]
+VOCABULARY = ["the", "dog", "cat", "ran", "home", "a", "big", "red", "ball", "sat", "on", "mat", "we", "saw",
+              "bird", "sing", "in", "tree", "she", "likes", "green", "tea", "my", "friend", "reads", "books"]
+UNITS = [("minutes", "hours", 60), ("hours", "days", 24), ("days", "weeks", 7), ("months", "years", 12),
+         ("centimeters", "meters", 100), ("grams", "kilograms", 1000), ("seconds", "minutes", 60), ("eggs", "dozens", 12)]
+KINDS = ("word_problem", "compare", "count_letters", "count_words", "next_number", "unit_conversion")
+
+
+def word_problem(rng):
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    pronoun = "She" if name in ("Mia", "Ava", "Zoe", "Ivy", "Eva") else "He"
+    a, b = rng.randint(2, 20), rng.randint(2, 20)
+    form = rng.choice(["more", "left", "each"])
+    if form == "more":
+        return f"{name} has {a} {item}. {pronoun} gets {b} more. How many {item} does {name} have now?", a + b
+    if form == "left":
+        a, b = max(a, b) + 1, min(a, b)
+        return f"{name} has {a} {item}. {pronoun} gives away {b}. How many {item} does {name} have left?", a - b
+    a, b = rng.randint(2, 9), rng.randint(2, 9)
+    return f"{name} has {a} bags with {b} {item} in each bag. How many {item} does {name} have?", a * b
+
+
+def compare(rng):
+    a, b = rng.sample(range(10, 100), 2)
+    return f"Which number is larger, {a} or {b}?", max(a, b)
+
+
+def count_letters(rng):
+    word = rng.choice(WORDS)
+    letter = rng.choice(word)
+    return f'How many times does the letter "{letter}" appear in the word "{word}"?', word.count(letter)
+
+
+def count_words(rng):
+    sentence = " ".join(rng.choice(VOCABULARY) for _ in range(rng.randint(3, 8)))
+    return f'How many words are in this sentence: "{sentence}"?', len(sentence.split())
+
+
+def next_number(rng):
+    start, step = rng.randint(1, 99), rng.randint(2, 19)
+    terms = [start + i * step for i in range(4)]
+    return f"What number comes next: {', '.join(map(str, terms))}, ...?", start + 4 * step
+
+
+def unit_conversion(rng):
+    small, big, factor = rng.choice(UNITS)
+    n = rng.randint(2, 99)
+    return f"How many {small} are in {n} {big}?", n * factor
+
+
+def make_task(rng):
+    kind = rng.choice(KINDS)
+    question, answer = globals()[kind](rng)
+    return {"question": question, "answer": str(answer), "kind": kind}
+
+
+def main(argv=None):
+    generate(__doc__, "simple_tasks", make_task, train_rows=1_500, eval_rows=900, argv=argv)
+
+
+if __name__ == "__main__":
+    main()

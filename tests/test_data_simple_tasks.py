@@ -1,0 +1,65 @@
+"""data/make_simple_tasks.py: one-step tasks of six kinds, each answer checked by an oracle of the test's own."""
+
+import json
+import re
+
+from conftest import ROOT, run_script
+
+SCRIPT = ROOT / "data" / "make_simple_tasks.py"
+FACTORS = {("minutes", "hours"): 60, ("hours", "days"): 24, ("days", "weeks"): 7, ("months", "years"): 12,
+           ("centimeters", "meters"): 100, ("grams", "kilograms"): 1000, ("seconds", "minutes"): 60,
+           ("eggs", "dozens"): 12}
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def oracle(kind, question):
+    """The answer, worked out from the question's words alone."""
+    numbers = [int(n) for n in re.findall(r"\d+", question)]
+    if kind == "word_problem":
+        if "more" in question:
+            return numbers[0] + numbers[1]
+        if "gives away" in question:
+            return numbers[0] - numbers[1]
+        return numbers[0] * numbers[1]  # A bags with B in each
+    if kind == "compare":
+        return max(numbers)
+    if kind == "count_letters":
+        letter, word = re.findall(r'"(\w+)"', question)
+        return word.count(letter)
+    if kind == "count_words":
+        return len(re.search(r'"(.*)"', question)[1].split())
+    if kind == "next_number":
+        assert len({b - a for a, b in zip(numbers, numbers[1:])}) == 1  # an arithmetic sequence
+        return numbers[-1] + numbers[1] - numbers[0]
+    small, big = re.fullmatch(r"How many (\w+) are in \d+ (\w+)\?", question).groups()
+    return numbers[0] * FACTORS[small, big]
+
+
+def test_simple_tasks_are_reproducible_and_held_out(tmp_path):
+    result = run_script(SCRIPT, "--out-dir", tmp_path)
+    assert result.returncode == 0, result.stderr
+    for name in ("simple_tasks.jsonl", "simple_tasks_eval.jsonl"):  # the committed files are what the script writes
+        assert (tmp_path / name).read_bytes() == (ROOT / "data" / name).read_bytes(), name
+    train, held_out = read_jsonl(tmp_path / "simple_tasks.jsonl"), read_jsonl(tmp_path / "simple_tasks_eval.jsonl")
+    assert (len(train), len(held_out)) == (1_500, 900)
+    assert not {r["question"] for r in train} & {r["question"] for r in held_out}
+    assert len({r["question"] for r in train}) == len(train)
+
+
+def test_every_answer_is_right_and_every_kind_is_there():
+    rows = read_jsonl(ROOT / "data" / "simple_tasks.jsonl") + read_jsonl(ROOT / "data" / "simple_tasks_eval.jsonl")
+    kinds = {}
+    for row in rows:
+        assert int(row["answer"]) == oracle(row["kind"], row["question"]), row
+        kinds[row["kind"]] = kinds.get(row["kind"], 0) + 1
+    assert set(kinds) == {"word_problem", "compare", "count_letters", "count_words", "next_number", "unit_conversion"}
+    assert min(kinds.values()) >= 150  # enough of each kind for a held-out measurement of 100 problems
+
+
+def test_a_seed_changes_the_tasks(tmp_path):
+    run_script(SCRIPT, "--out-dir", tmp_path, "--seed", "1", "--train-rows", "50", "--eval-rows", "10")
+    assert read_jsonl(tmp_path / "simple_tasks.jsonl")[:5] != read_jsonl(ROOT / "data" / "simple_tasks.jsonl")[:5]
+    assert len(read_jsonl(tmp_path / "simple_tasks.jsonl")) == 50
