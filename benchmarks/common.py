@@ -14,6 +14,29 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# Llama-3.2-1B(-Instruct), from its public config.json
+LLAMA_3_2_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                    num_attention_heads=32, num_key_value_heads=8, head_dim=64, max_position_embeddings=131072,
+                    rope_theta=500000.0, tie_word_embeddings=True, rms_norm_eps=1e-5)
+
+
+def build_random_llama(folder, **overrides):
+    """Save the Llama-3.2-1B architecture (overrides: num_hidden_layers=2, say) with random bfloat16 weights to
+    folder, and a tokenizer that makes each word of a prompt one token (<unk>) and has an EOS the random model
+    seldom samples. Nothing is downloaded: memory and speed do not depend on the weights' values."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    config = LlamaConfig(**{**LLAMA_3_2_1B, **overrides}, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
+    words = Tokenizer(models.WordLevel({"<unk>": 0, "<s>": 1, "</s>": 2}, unk_token="<unk>"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=words, pad_token="<unk>", bos_token="<s>", eos_token="</s>").save_pretrained(folder)
+    return config
+
+
 def load_module(path, name=None):
     """A Python file imported by path as its own module (named after the file unless named)."""
     spec = importlib.util.spec_from_file_location(name or Path(path).stem, path)
@@ -72,25 +95,42 @@ def peak_memory(device):
 
 
 def project_steps(base, options, tasks, args):
-    """Load the model and run args.steps GRPO steps of experiment_base, timing sampling and the whole step."""
-    base.torch.manual_seed(0)
+    """Load the model and run args.steps GRPO steps of experiment_base, timing sampling and the whole step; on CUDA
+    also the peak GPU memory, allocated and reserved, of each phase."""
+    torch = base.torch
+    cuda = options.device.startswith("cuda")
+    torch.manual_seed(0)
     model, tokenizer = base.load_model(options)
     optimizer = base.make_optimizer(model, options)
-    scheduler = base.torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: 1.0)  # constant, as --warmup-steps 0
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: 1.0)  # constant, as --warmup-steps 0
     steps = []
     for step in range(args.steps):
+        peaks = {}
         started = time.perf_counter()
         model.eval()
         result = base.rollout(model, tokenizer, tasks[step * args.prompts : (step + 1) * args.prompts], args.group_size,
-                              args.max_new_tokens)
+                              args.max_new_tokens, generation_batch_size=options.generation_batch_size)
         sampled = time.perf_counter()
-        advantages = base.group_advantages(result.rewards.view(-1, args.group_size)).flatten()
+        if cuda:
+            peaks.update(gpu_peaks(torch, "sampling"))
+        advantages = base.group_advantages(result.rewards.view(-1, args.group_size)).flatten().to(options.device)
         model.train()
         base.train_step(model, (result.sequence_ids, result.attention_mask, result.action_mask, advantages), options, optimizer,
                         scheduler)
+        if cuda:
+            peaks.update(gpu_peaks(torch, "training"))
         steps.append({"seconds": time.perf_counter() - started, "sampling_seconds": sampled - started,
-                      "tokens": int(result.action_mask.sum())})
+                      "tokens": int(result.action_mask.sum()), **peaks})
     return steps
+
+
+def gpu_peaks(torch, phase):
+    """The peak GPU memory since the last call, allocated and reserved, in GB; then the peaks start again."""
+    torch.cuda.synchronize()
+    peaks = {f"{phase}_allocated_gb": torch.cuda.max_memory_allocated() / 2**30,
+             f"{phase}_reserved_gb": torch.cuda.max_memory_reserved() / 2**30}
+    torch.cuda.reset_peak_memory_stats()
+    return peaks
 
 
 def run_alone(script, only, argv):

@@ -25,12 +25,8 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from common import load_experiment, write_json
+from common import LLAMA_3_2_1B, build_random_llama, load_experiment, write_json
 
-# Llama-3.2-1B(-Instruct), from its public config.json
-LLAMA_3_2_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                    num_attention_heads=32, num_key_value_heads=8, head_dim=64, max_position_embeddings=131072,
-                    rope_theta=500000.0, tie_word_embeddings=True, rms_norm_eps=1e-5)
 GB = 2**30
 
 
@@ -69,16 +65,10 @@ def saved_bytes(function):
 
 def measure(args):
     import torch
-    from tokenizers import Tokenizer, models
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     base = load_experiment()
-    config = LlamaConfig(**{**LLAMA_3_2_1B, **({"num_hidden_layers": 2} if args.tiny else {})})
     with tempfile.TemporaryDirectory() as folder:
-        torch.manual_seed(0)
-        LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)  # random weights, the real shapes
-        placeholder = Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>"))  # load_model wants a tokenizer
-        PreTrainedTokenizerFast(tokenizer_object=placeholder, eos_token="<unk>").save_pretrained(folder)
+        config = build_random_llama(folder, **({"num_hidden_layers": 2} if args.tiny else {}))  # the real shapes
         options = base.parse_args(["--model-name", folder, "--device", "cpu", "--quantization", "4bit",
                                    "--dtype", "bfloat16", "--lora-r", str(args.lora_r),
                                    "--lora-alpha", str(2 * args.lora_r)])

@@ -98,3 +98,22 @@ def test_plot_runs_compares_runs(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     missing = run_script(ROOT / "benchmarks" / "plot_runs.py", tmp_path / "flat", "--tags", "train/kl")
     assert missing.returncode != 0 and "train/kl" in missing.stderr
+
+
+def test_gpu_run_dry_run(tmp_path):
+    """The GPU kit's code path on the CPU: experiment_base's steps on a 2-layer Llama-3.2-1B of random weights, which
+    never stops early (the worst case), and batch sizes that fit each cap, fewer for a smaller one."""
+    stdout, table = run_benchmark(tmp_path, "gpu_run.py", "--dry-run", "--steps", "2")
+    assert [step["tokens"] for step in table["steps"]] == [2 * 2 * 8] * 2  # 2 prompts x 2 completions x 8 tokens
+    assert table["estimate_gb"]["sampling"] > 1 and table["estimate_gb"]["training"] > 1  # 256 x 1024 tokens, 16 trained
+    sizes = [table["recommendation"][cap] for cap in ("24", "16", "12", "8")]
+    for larger, smaller in zip(sizes, sizes[1:]):
+        assert larger["generation_batch_size"] >= smaller["generation_batch_size"] >= 1
+        assert larger["train_batch_size"] >= smaller["train_batch_size"] >= 1
+    assert sizes[0]["generation_batch_size"] > sizes[-1]["generation_batch_size"]
+    assert "| 8 |" in stdout
+    import torch
+
+    if not torch.cuda.is_available():
+        refused = run_script(ROOT / "benchmarks" / "gpu_run.py", "--steps", "1")
+        assert refused.returncode != 0 and "no CUDA device here; --dry-run" in refused.stderr

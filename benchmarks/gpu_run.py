@@ -1,0 +1,148 @@
+"""The 24 GB GPU path, measured: experiment_base's default CUDA training step on Llama-3.2-1B, without the hub.
+
+Builds the Llama-3.2-1B architecture from its public configuration with random weights (as memory_estimate.py
+does), loads it with experiment_base's own load_model and make_optimizer at its CUDA defaults (4-bit NF4 with double
+quantization, bfloat16 compute, LoRA rank 16 on every linear layer, gradient checkpointing, paged 8-bit AdamW) and
+runs real steps of experiment_base's rollout and train_step at the CUDA defaults: 32 prompts x 16 completions x
+1,024 tokens, sampled 256 at a time, trained 16 at a time. Random weights seldom emit EOS, so completions run to the
+budget: the worst case.
+
+--memory-cap-gb 24 caps the process with torch.cuda.set_per_process_memory_fraction, so a larger GPU behaves as a
+24 GB one. Each step reports the peak allocated and reserved GPU memory of sampling and of training, their seconds
+and the sampled tokens per second; memory_estimate.py's estimate for the same sizes is printed beside them, and a
+table gives the largest --generation-batch-size and --train-batch-size that fit caps of 24, 16, 12 and 8 GB (the
+estimate's parts, scaled by how far the measurement was from it).
+
+    python benchmarks/gpu_run.py                            # on a CUDA machine: 3 steps at the defaults
+    python benchmarks/gpu_run.py --memory-cap-gb 8 --generation-batch-size 64 --train-batch-size 4
+    python benchmarks/gpu_run.py --dry-run                  # the same code on the CPU: 2 layers, small sizes
+
+Verified so far on the CPU only (--dry-run): no GPU was available where it was written.
+"""
+
+import argparse
+import tempfile
+from pathlib import Path
+
+import memory_estimate
+from common import ROOT, build_random_llama, load_experiment, project_steps, write_json
+
+GB = 2**30
+CAPS_GB = (24, 16, 12, 8)
+BATCH_SIZES = (512, 384, 256, 192, 128, 96, 64, 48, 32, 24, 16, 12, 8, 6, 4, 3, 2, 1)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=3, help="training steps (default: %(default)s)")
+    p.add_argument("--prompts", type=int, default=32, help="prompts per step (default: %(default)s)")
+    p.add_argument("--group-size", type=int, default=16, help="completions per prompt (default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=1024, help="completion budget (default: %(default)s)")
+    p.add_argument("--generation-batch-size", type=int, default=256, help="sequences sampled at once (default: %(default)s)")
+    p.add_argument("--train-batch-size", type=int, default=16, help="sequences per micro-batch (default: %(default)s)")
+    p.add_argument("--lora-r", type=int, default=16, help="LoRA rank (default: %(default)s)")
+    p.add_argument("--memory-cap-gb", type=float, default=24.0, help="GPU memory this process may use (default: %(default)s)")
+    p.add_argument("--dry-run", action="store_true", help="on the CPU, 2 layers, 2 prompts x 2 completions x 8 tokens: "
+                   "the same code, for CI")
+    p.add_argument("--json", type=Path, help="also write the steps, the estimate and the recommendation as JSON here")
+    args = p.parse_args(argv)
+    args.sizes = argparse.Namespace(**vars(args))  # the estimate and the recommendation: the sizes asked for
+    if args.dry_run:
+        args.prompts, args.group_size, args.max_new_tokens = 2, 2, 8
+        args.generation_batch_size, args.train_batch_size = 4, 2
+    for name in ("steps", "prompts", "group_size", "max_new_tokens", "generation_batch_size", "train_batch_size", "lora_r"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.group_size < 2 or not 0 < args.memory_cap_gb < float("inf"):
+        p.error("--group-size must be at least 2 and --memory-cap-gb a positive number")
+    return args
+
+
+def cap_memory(torch, cap_gb):
+    """Let this process allocate at most cap_gb of the GPU; returns the GPU's name and total memory in GB."""
+    properties = torch.cuda.get_device_properties(0)
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gb * GB / properties.total_memory))
+    return properties.name, properties.total_memory / GB
+
+
+def run_steps(args, folder, device):
+    """experiment_base's steps on the random model in folder: the list of per-step figures."""
+    base = load_experiment()
+    options = base.parse_args(["--model-name", str(folder), "--device", device, "--quantization", "4bit",
+                               "--dtype", "bfloat16", "--lora-r", str(args.lora_r), "--lora-alpha", str(2 * args.lora_r),
+                               "--group-size", str(args.group_size), "--rollouts-per-step", str(args.prompts),
+                               "--max-length", str(args.max_new_tokens), "--train-batch-size", str(args.train_batch_size),
+                               "--generation-batch-size", str(args.generation_batch_size)])
+    tokenizer = base.load_tokenizer(str(folder), str(folder))
+    tasks = base.load_tasks(ROOT / "data" / "math_tasks.jsonl", max_rows=args.prompts * args.steps)
+    for task in tasks:
+        task["prompt"] = base.format_prompt(tokenizer, task["question"])
+    prompt_tokens = max(len(tokenizer(t["prompt"]).input_ids) for t in tasks)
+    return project_steps(base, options, tasks, args), prompt_tokens
+
+
+def estimate(args, prompt_tokens, generation_batch_size, train_batch_size, parts):
+    """memory_estimate.py's peaks (GB) of sampling and of training for these batch sizes, with the completion budget
+    asked for (--dry-run runs 8 tokens, but estimates the run it stands for) and prompts of at least 160 tokens (a
+    chat template's header and the system prompt in Llama's own tokenizer)."""
+    sizes = argparse.Namespace(group_size=args.sizes.group_size, generation_batch_size=generation_batch_size,
+                               train_batch_size=train_batch_size, prompt_length=max(prompt_tokens, 160),
+                               max_length=args.sizes.max_new_tokens, lora_r=args.lora_r)
+    return {phase: sum(items.values()) / GB for phase, items in memory_estimate.estimate(parts, sizes).items()}
+
+
+def recommend(args, prompt_tokens, parts, scale):
+    """For each cap, the largest generation and train batch sizes whose estimated peak, times scale (measured over
+    estimated, per phase), fits under it."""
+    table = {}
+    for cap in CAPS_GB:
+        fits = lambda phase, **sizes: estimate(args, prompt_tokens, parts=parts, **sizes)[phase] * scale[phase] <= cap  # noqa: E731
+        generation = next((b for b in BATCH_SIZES if fits("sampling", generation_batch_size=b, train_batch_size=1)), None)
+        train = next((b for b in BATCH_SIZES if fits("training", generation_batch_size=1, train_batch_size=b)), None)
+        table[cap] = {"generation_batch_size": generation, "train_batch_size": train}
+    return table
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import torch
+
+    cuda = torch.cuda.is_available() and not args.dry_run
+    if not cuda and not args.dry_run:
+        raise SystemExit("error: no CUDA device here; --dry-run runs the same code on the CPU")
+    gpu = cap_memory(torch, args.memory_cap_gb) if cuda else None
+    layers = {"num_hidden_layers": 2} if args.dry_run else {}
+    with tempfile.TemporaryDirectory() as folder:
+        build_random_llama(folder, **layers)
+        steps, prompt_tokens = run_steps(args, folder, "cuda:0" if cuda else "cpu")
+    parts = memory_estimate.measure(argparse.Namespace(tiny=args.dry_run, lora_r=args.lora_r, measure_tokens=64 if args.dry_run else 256))
+    estimated = estimate(args, prompt_tokens, args.sizes.generation_batch_size, args.sizes.train_batch_size, parts)
+    measured = steps[-1]
+    scale = {phase: measured[f"{phase}_allocated_gb"] / estimated[phase] if cuda else 1.0 for phase in ("sampling", "training")}
+    recommendation = recommend(args, prompt_tokens, parts, scale)
+
+    where = f"{gpu[0]} capped at {args.memory_cap_gb:g} GB of {gpu[1]:.0f}" if cuda else "CPU (--dry-run: 2 layers)"
+    print(f"\nLlama-3.2-1B architecture, random weights, 4-bit NF4 + LoRA r{args.lora_r}, {where}: {args.prompts} prompts x "
+          f"{args.group_size} completions x {args.max_new_tokens} tokens (prompts of up to {prompt_tokens} tokens), "
+          f"sampled {args.generation_batch_size} at a time, trained {args.train_batch_size} at a time\n")
+    print("| step | sampling s | training s | sampled tokens/s | sampling peak GB, allocated / reserved | training peak GB, allocated / reserved |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for i, s in enumerate(steps, 1):
+        memory = [f"{s[f'{phase}_allocated_gb']:.2f} / {s[f'{phase}_reserved_gb']:.2f}" if cuda else "-" for phase in ("sampling", "training")]
+        print(f"| {i} | {s['sampling_seconds']:.1f} | {s['seconds'] - s['sampling_seconds']:.1f} | "
+              f"{s['tokens'] / s['sampling_seconds']:.0f} | {memory[0]} | {memory[1]} |")
+    print(f"\nmemory_estimate.py for {args.sizes.generation_batch_size} sequences sampled and {args.sizes.train_batch_size} "
+          f"trained at once, {args.sizes.max_new_tokens}-token completions: sampling {estimated['sampling']:.2f} GB, training {estimated['training']:.2f} GB"
+          + (f" (measured / estimated: {scale['sampling']:.2f}, {scale['training']:.2f})" if cuda else " (not measured: no GPU)"))
+    print(f"\nWhat fits, {args.sizes.max_new_tokens}-token completions in groups of {args.sizes.group_size}"
+          + (", from the estimate scaled by measured / estimated" if cuda else ", from the estimate alone") + ":\n")
+    print("| cap, GB | largest --generation-batch-size | largest --train-batch-size |\n| --- | --- | --- |")
+    for cap, sizes in recommendation.items():
+        print(f"| {cap} | {sizes['generation_batch_size']} | {sizes['train_batch_size']} |")
+    write_json(args.json, {"settings": {k: str(v) for k, v in vars(args.sizes).items()}, "device": where, "steps": steps,
+                           "prompt_tokens": prompt_tokens, "estimate_gb": estimated, "measured_over_estimated": scale,
+                           "recommendation": {str(cap): sizes for cap, sizes in recommendation.items()}})
+
+
+if __name__ == "__main__":
+    main()
