@@ -1,0 +1,123 @@
+"""The CUDA path, on a machine with a GPU: LoRA gradients through 4-bit NF4 weights, paged 8-bit AdamW, the sampler,
+two steps and a resume of every experiment, and experiment_accelerate_ddp under `accelerate launch` over NCCL.
+
+Skipped where CUDA is absent (CI has none), so these have not yet run: on a CUDA machine,
+`python -m pytest tests/test_cuda.py -q`. The tiny model is the other tests' (conftest), in bfloat16 on the GPU."""
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import EXPERIMENTS, ROOT, load_experiment, run_script, tensorboard_scalars, write_jsonl
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def cuda_args(model_dir, *extra):
+    return ["--model-name", str(model_dir), "--device", "cuda", "--quantization", "4bit", "--dtype", "bfloat16",
+            "--lora-r", "8", *map(str, extra)]
+
+
+@pytest.fixture
+def base_on_cuda(tiny_model_dir):
+    base = load_experiment("experiment_base")
+    args = base.parse_args(cuda_args(tiny_model_dir))
+    model, tokenizer = base.load_model(args)
+    return base, args, model, tokenizer
+
+
+def test_lora_gradients_reach_the_first_layer_through_4bit_weights(base_on_cuda):
+    import bitsandbytes as bnb
+
+    base, args, model, tokenizer = base_on_cuda
+    assert any(isinstance(m, bnb.nn.Linear4bit) for m in model.modules())
+    assert next(model.parameters()).device.type == "cuda"
+    batch = tokenizer(["What is 2+3? <answer>5</answer>"], return_tensors="pt").to("cuda")
+    model.train()
+    log_probs, _ = base.sequence_log_probs(model, batch.input_ids, batch.attention_mask, 4)
+    log_probs.sum().backward()
+    first = [p.grad for n, p in model.named_parameters() if "layers.0." in n and "lora_B" in n]
+    assert first and all(g is not None and g.abs().sum() > 0 for g in first)  # B starts at 0: its gradient does not
+
+
+def test_paged_8bit_adamw_lowers_the_loss(base_on_cuda):
+    import bitsandbytes as bnb
+
+    base, args, model, tokenizer = base_on_cuda
+    optimizer = base.make_optimizer(model, args)
+    assert isinstance(optimizer, bnb.optim.PagedAdamW8bit)
+    batch = tokenizer(["What is 2+3? <answer>5</answer>"], return_tensors="pt").to("cuda")
+    model.train()
+    losses = []
+    for _ in range(5):
+        loss = -base.sequence_log_probs(model, batch.input_ids, batch.attention_mask, 4)[0].sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+
+
+def test_the_sampler_draws_each_token_at_its_probability():
+    base = load_experiment("experiment_base")
+    probs = torch.zeros(20_000, 1000, device="cuda")
+    probs[:, :3] = torch.tensor([0.5, 0.3, 0.2], device="cuda")
+    torch.manual_seed(0)
+    drawn = base.sample_token(probs.log(), 1.0, 1.0)
+    assert drawn.device.type == "cuda" and drawn.max().item() <= 2  # a token of probability 0 is never drawn
+    shares = torch.bincount(drawn, minlength=3).float() / len(drawn)
+    assert torch.allclose(shares.cpu(), torch.tensor([0.5, 0.3, 0.2]), atol=0.02)
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_two_steps_then_a_resume(name, tiny_model_dir, tmp_path):
+    """Each experiment as a user runs it on one GPU: two 4-bit steps, a checkpoint, and a third step from it."""
+    rows = [{"question": f"What is {i} + {i + 1}?", "answer": str(2 * i + 1)} for i in range(20)]
+    data = write_jsonl(tmp_path / "tasks.jsonl", rows)
+    common = cuda_args(tiny_model_dir, "--data-path", data, "--eval-data-path", data, "--eval-prompts", 2, "--group-size", 4,
+                       "--rollouts-per-step", 2, "--max-length", 12, "--eval-interval", 1, "--run-name", "gpu",
+                       "--log-dir", tmp_path / "runs", "--checkpoint-path", tmp_path / "out")
+    if name == "experiment_multiturn_qa":
+        common += ["--retriever", "bm25", "--max-turns", "2"]
+    if name == "experiment_multiturn_tool_calling":
+        common += ["--max-turns", "2"]
+    first = run_script(ROOT / name / "train.py", *common, "--max-steps", 2)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert (tmp_path / "out" / "gpu" / "step_000002").is_dir()
+    again = run_script(ROOT / name / "train.py", *common, "--max-steps", 3, "--resume", tmp_path / "out" / "gpu")
+    assert again.returncode == 0, again.stderr[-3000:]
+    losses = dict(tensorboard_scalars(tmp_path / "runs" / "gpu")["train/loss"])
+    assert sorted(losses) == [1, 2, 3]
+    memory = dict(tensorboard_scalars(tmp_path / "runs" / "gpu")["perf/memory_gb"])
+    assert 0 < memory[3] < torch.cuda.get_device_properties(0).total_memory / 2**30  # GPU memory, not the host's
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL wants one GPU per process: needs two")
+def test_ddp_on_two_gpus_over_nccl(tiny_model_dir, tmp_path):
+    """accelerate launch with the folder's multi-GPU config: two processes, one GPU each, NCCL; the weights stay equal."""
+    import json
+
+    rows = [{"question": f"What is {i} + {i + 1}?", "answer": str(2 * i + 1)} for i in range(20)]
+    data = write_jsonl(tmp_path / "tasks.jsonl", rows)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+               ROOT / "experiment_accelerate_ddp" / "multi_gpu.yaml", "--num_processes", 2, "--main_process_port", port,
+               ROOT / "experiment_accelerate_ddp" / "train.py",
+               *cuda_args(tiny_model_dir, "--data-path", data, "--eval-data-path", data, "--eval-prompts", 2,
+                          "--group-size", 4, "--rollouts-per-step", 4, "--max-length", 12, "--max-steps", 2,
+                          "--eval-interval", 2, "--debug-ranks", "--run-name", "ddp", "--log-dir", tmp_path / "runs",
+                          "--checkpoint-path", tmp_path / "out")]
+    result = subprocess.run(list(map(str, command)), capture_output=True, text=True, timeout=900,
+                            env={**os.environ, "NCCL_DEBUG": "WARN"})
+    assert result.returncode == 0, result.stderr[-4000:]
+    lines = {rank: [json.loads(line) for line in (tmp_path / "runs" / "ddp" / f"rank_{rank}.jsonl").read_text().splitlines()]
+             for rank in (0, 1)}
+    for mine, theirs in zip(lines[0], lines[1]):
+        assert mine["weights_after"] == theirs["weights_after"] != mine["weights_before"]
+    assert (tmp_path / "out" / "ddp" / "step_000002").is_dir()
