@@ -795,6 +795,8 @@ def start_accelerator(args):
     the (4-bit) model goes). Refuses what cannot work with this many processes or this launcher's backend."""
     from accelerate import Accelerator
 
+    if args.device.startswith("cuda") and "LOCAL_RANK" not in os.environ:  # one process, not launched: --device's GPU
+        torch.cuda.set_device(args.device)  # (a launched process takes cuda:LOCAL_RANK, whatever --device says)
     # cpu=True on the CPU (--device cpu, or no CUDA): the processes then talk over gloo, on GPUs over NCCL
     accelerator = Accelerator(cpu=args.device == "cpu", mixed_precision=args.mixed_precision)
     if accelerator.device.type == "cuda":
