@@ -72,7 +72,8 @@ def check_steps(parser, args):
 
 
 def workload(args, base):
-    """(model folder, dtype, device, tasks): the same for both sides; each task carries its formatted prompt."""
+    """(model folder, dtype, device, tokenizer, tasks): the same for both sides; each task carries its formatted
+    prompt."""
     device = "cuda" if base.torch.cuda.is_available() else "cpu"
     path = base.resolve_model_path(args.model_name)
     dtype = base.resolve_dtype(args.dtype, device)
@@ -82,7 +83,7 @@ def workload(args, base):
     tasks = base.load_tasks(args.data_path, max_rows=args.prompts * args.steps)
     for task in tasks:
         task["prompt"] = base.format_prompt(tokenizer, task["question"])
-    return path, dtype, device, tasks
+    return path, dtype, device, tokenizer, tasks
 
 
 def peak_memory(device):

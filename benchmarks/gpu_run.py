@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 import memory_estimate
-from common import ROOT, build_random_llama, load_experiment, project_steps, write_json
+from common import ROOT, build_random_llama, load_experiment, project_steps, workload, write_json
 
 GB = 2**30
 CAPS_GB = (24, 16, 12, 8)
@@ -73,10 +73,9 @@ def run_steps(args, folder, device):
                                "--group-size", str(args.group_size), "--rollouts-per-step", str(args.prompts),
                                "--max-length", str(args.max_new_tokens), "--train-batch-size", str(args.train_batch_size),
                                "--generation-batch-size", str(args.generation_batch_size)])
-    tokenizer = base.load_tokenizer(str(folder), str(folder))
-    tasks = base.load_tasks(ROOT / "data" / "math_tasks.jsonl", max_rows=args.prompts * args.steps)
-    for task in tasks:
-        task["prompt"] = base.format_prompt(tokenizer, task["question"])
+    workload_args = argparse.Namespace(model_name=str(folder), dtype="bfloat16", prompts=args.prompts, steps=args.steps,
+                                       data_path=ROOT / "data" / "math_tasks.jsonl")
+    tokenizer, tasks = workload(workload_args, base)[3:]
     prompt_tokens = max(len(tokenizer(t["prompt"]).input_ids) for t in tasks)
     return project_steps(base, options, tasks, args), prompt_tokens
 
@@ -95,11 +94,12 @@ def recommend(args, prompt_tokens, parts, scale):
     """For each cap, the largest generation and train batch sizes whose estimated peak, times scale (measured over
     estimated, per phase), fits under it."""
     table = {}
+    def peak(phase, generation, train):
+        return estimate(args, prompt_tokens, generation, train, parts)[phase] * scale[phase]
+
     for cap in CAPS_GB:
-        fits = lambda phase, **sizes: estimate(args, prompt_tokens, parts=parts, **sizes)[phase] * scale[phase] <= cap  # noqa: E731
-        generation = next((b for b in BATCH_SIZES if fits("sampling", generation_batch_size=b, train_batch_size=1)), None)
-        train = next((b for b in BATCH_SIZES if fits("training", generation_batch_size=1, train_batch_size=b)), None)
-        table[cap] = {"generation_batch_size": generation, "train_batch_size": train}
+        table[cap] = {"generation_batch_size": next((b for b in BATCH_SIZES if peak("sampling", b, 1) <= cap), None),
+                      "train_batch_size": next((b for b in BATCH_SIZES if peak("training", 1, b) <= cap), None)}
     return table
 
 

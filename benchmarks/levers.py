@@ -68,7 +68,7 @@ def run_config(args, config):
     base = load_experiment()
     base.STOP_STRINGS = ()  # EOS only, as in step_time.py
     switch_off(base, config)
-    path, dtype, device, tasks = workload(args, base)
+    path, dtype, device, _, tasks = workload(args, base)
     dtype_name = "float32" if config == "fp32" else str(dtype).removeprefix("torch.")
     options = base.parse_args(["--model-name", path, "--device", device, "--dtype", dtype_name, "--quantization", "none",
                                "--kl-weight", "0.01" if config == "kl" else "0", "--group-size", str(args.group_size),

@@ -39,7 +39,7 @@ def parse_args(argv=None):
 def run_project(args):
     base = load_experiment()
     base.STOP_STRINGS = ()  # EOS only, as TRL
-    path, dtype, device, tasks = workload(args, base)
+    path, dtype, device, _, tasks = workload(args, base)
     dtype_name = str(dtype).removeprefix("torch.")
     options = base.parse_args(["--model-name", path, "--device", device, "--dtype", dtype_name, "--quantization", "none",
                                "--lora-r", str(args.lora_r), "--lora-alpha", str(2 * args.lora_r), "--lr", str(args.lr),
@@ -53,13 +53,12 @@ def run_trl(args):
     import torch
     from datasets import Dataset
     from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     base = load_experiment()
-    path, dtype, device, tasks = workload(args, base)
+    path, dtype, device, tokenizer, tasks = workload(args, base)
     score = base.Scorer()
-    tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
     dataset = Dataset.from_dict({"prompt": [t["prompt"] for t in tasks], "answer": [t["answer"] for t in tasks]})

@@ -67,7 +67,7 @@ SAMPLING_BLOCK = 512  # the sampler draws a block of this many vocabulary ids, t
 DEVICE_DEFAULTS = dict(  # options whose default depends on the device: (on CUDA, on CPU)
     model_name=(GPU_MODEL, CPU_MODEL), quantization=("4bit", "none"), group_size=(16, 4), rollouts_per_step=(32, 4),
     max_length=(1024, 128), max_steps=(500, 50), lr=(2e-5, 1e-4), eval_prompts=(200, 20),
-    generation_batch_size=(256, "the whole step"))
+    generation_batch_size=(256, None))
 ALGORITHMS = ("grpo", "drgrpo", "dapo", "gspo", "cispo", "reinforce_pp", "reinforce_pp_baseline")
 TOKEN_LEVEL = ("dapo", "cispo", "reinforce_pp", "reinforce_pp_baseline")  # their loss is a mean over the batch's tokens
 # --preset NAME sets a group of options; options given on the command line win. The algorithm presets hold
@@ -139,7 +139,7 @@ def parse_args(argv=None):
     g.add_argument("--rollouts-per-step", type=integer("[1, inf)"), **by_device("rollouts_per_step", "prompts per step"))
     g.add_argument("--train-batch-size", type=integer("[1, inf)"), default=16, help="sequences per forward/backward micro-batch")
     g.add_argument("--generation-batch-size", type=integer("[1, inf)"), **by_device("generation_batch_size",
-                   "sequences sampled at once; their KV cache is the largest part of GPU memory"))
+                   "sequences sampled at once; their KV cache is the largest part of GPU memory; None: the whole step"))
     g.add_argument("--epochs-per-step", type=integer("[1, inf)"), default=1, help="passes over each rollout batch (PPO epochs)")
     g.add_argument("--updates-per-step", type=integer("[1, inf)"), default=1, help="mini-batches each pass splits the "
                    "rollout batch into, one optimizer update each; above 1, pi_theta moves away from pi_old within a step and the clip acts "
@@ -850,7 +850,7 @@ def complete_args(args, parser):
     for name, (gpu, cpu) in DEVICE_DEFAULTS.items():
         if not hasattr(args, name):
             setattr(args, name, gpu if args.device.startswith("cuda") else cpu)
-    if args.generation_batch_size == DEVICE_DEFAULTS["generation_batch_size"][1]:
+    if args.generation_batch_size is None:  # the whole step at once
         args.generation_batch_size = args.rollouts_per_step * args.group_size
     args.data_path = args.data_path or TASKS[args.task][0]
     args.eval_data_path = args.eval_data_path or TASKS[args.task][1]
