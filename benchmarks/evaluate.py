@@ -8,7 +8,7 @@ Uses experiment_base's own prompts, sampling loop and reward terms (accuracy = m
     python benchmarks/evaluate.py --tasks gsm8k --data gsm8k=/tmp/gsm8k/gsm8k_test.jsonl
     python benchmarks/evaluate.py --tasks math --filter num_terms=2 --filter num_digits=2 --filter ops=+,-,+- --samples 16
 
-With --samples K it also samples K completions per problem at temperature 1, as GRPO's rollouts do,
+With --samples K it also samples K completions per problem at --temperature (1, as GRPO's rollouts do),
 and reports their accuracy and pass@K (the share of problems with at least one correct completion
 among the K). A problem no completion gets right gives GRPO nothing to reinforce: pass@K at the
 group size bounds how many groups can carry a correctness signal.
@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from common import load_experiment
 
-TASKS = ["math", "gsm8k", "knights_knaves"]
+TASKS = ["math", "gsm8k", "knights_knaves", "count_words"]
 
 
 def parse_args(argv=None):
@@ -40,14 +40,17 @@ def parse_args(argv=None):
                    help="held-out file of a task instead of its default, e.g. gsm8k=/tmp/gsm8k_test.jsonl; repeatable")
     p.add_argument("--filter", action="append", default=[], metavar="FIELD=V1,V2",
                    help="as experiment_base's --filter: keep rows whose FIELD is one of the values; repeatable")
-    p.add_argument("--samples", type=int, default=0, help="also sample K completions per problem at temperature 1 "
+    p.add_argument("--samples", type=int, default=0, help="also sample K completions per problem at --temperature "
                    "and report their accuracy and pass@K (default: 0, greedy only)")
+    p.add_argument("--temperature", type=float, default=1.0, help="temperature of those samples (default: %(default)s)")
     p.add_argument("--generation-batch-size", type=int, default=64, help="sequences sampled at once (default: %(default)s)")
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
     args = p.parse_args(argv)
     if args.samples < 0 or args.generation_batch_size < 1:
         p.error(f"--samples must be 0 or more and --generation-batch-size at least 1, got {args.samples} and "
                 f"{args.generation_batch_size}")
+    if not 0 < args.temperature < float("inf"):
+        p.error(f"--temperature must be a finite number above 0, got {args.temperature}")
     try:
         args.data = dict(item.split("=", 1) for item in args.data)
     except ValueError:
@@ -59,10 +62,10 @@ def parse_args(argv=None):
 
 
 @torch.no_grad()
-def sampled(base, model, tokenizer, tasks, options, score, samples):
-    """Accuracy of `samples` completions per problem at temperature 1, and pass@samples."""
+def sampled(base, model, tokenizer, tasks, options, score, samples, temperature=1.0):
+    """Accuracy of `samples` completions per problem at `temperature`, and pass@samples."""
     model.eval()
-    result = base.rollout(model, tokenizer, tasks, samples, options.max_length, temperature=1.0,
+    result = base.rollout(model, tokenizer, tasks, samples, options.max_length, temperature=temperature,
                           generation_batch_size=options.generation_batch_size, score=score)
     correct = (result.terms["correctness"] == 1).view(len(tasks), samples)
     return {"sample_accuracy": correct.float().mean().item(), f"pass@{samples}": correct.any(1).float().mean().item(),
@@ -95,11 +98,11 @@ def main(argv=None):
         score = base.Scorer(task=task)
         results[task] = {**base.evaluate(model, tokenizer, tasks, options, score), "problems": len(tasks)}
         if args.samples:
-            results[task].update(sampled(base, model, tokenizer, tasks, options, score, args.samples))
+            results[task].update(sampled(base, model, tokenizer, tasks, options, score, args.samples, args.temperature))
         print(f"{task}: {results[task]}", flush=True)
     name = args.model_name + (f" + {args.checkpoint}" if args.checkpoint else "")
     k = args.samples
-    print(f"\n{name}, greedy" + (f" and {k} samples at temperature 1" if k else "") + f", up to {args.max_length} tokens\n")
+    print(f"\n{name}, greedy" + (f" and {k} samples at temperature {args.temperature:g}" if k else "") + f", up to {args.max_length} tokens\n")
     head = "| task | problems | accuracy | format rate |" + (f" sampled accuracy | pass@{k} |" if k else "")
     print(head + "\n|" + " --- |" * head.count(" |"))
     for task, r in results.items():

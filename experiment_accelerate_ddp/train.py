@@ -43,7 +43,7 @@ import random
 import re
 import sys
 import time
-from collections import Counter
+from collections import Counter, namedtuple
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -85,8 +85,8 @@ def parse_args(argv=None):
     g.add_argument("--mixed-precision", choices=["no", "bf16", "fp16"], help="autocast the forward passes (fp16 adds a gradient "
                    "scaler); None: the setting of `accelerate launch` or its config, else no: compute in --dtype, as experiment_base")
     g = p.add_argument_group("task, data and reward")
-    g.add_argument("--task", default="math", choices=list(TASKS),
-                   help="answer extraction and comparison: numbers (math, gsm8k) or knight/knave roles")
+    g.add_argument("--task", default="math", choices=list(TASKS), help="data files, worked example and answer "
+                   "comparison: numbers (math, gsm8k), whole numbers in digits or words (count_words), knight/knave roles")
     g.add_argument("--data-path", help="training tasks, JSONL; None: the --task's file in data/, as TASKS lists")
     g.add_argument("--eval-data-path", help="held-out tasks, JSONL; None: the --task's held-out file in data/")
     g.add_argument("--prompt-key", default="question", help="JSONL field holding the question")
@@ -186,36 +186,45 @@ def reference_policy(model, reference=None):
 
 # ---- Prompts and rewards ----
 
-# --task: its data files (training, held out) and a worked example that shows the answer format
+# --task: its data files (training, held out) and a worked example (question, reasoning, answer) that shows the format
+Task = namedtuple("Task", "train eval question reasoning answer")
 TASKS = {
-    "math": ("data/math_tasks.jsonl", "data/math_tasks_eval.jsonl", "3 + 4 * 2 = 3 + 8 = 11", "11"),
-    "gsm8k": ("data/gsm8k_train.jsonl", "data/gsm8k_test.jsonl", "3 boxes of 4 apples hold 3 * 4 = 12 apples", "12"),
-    "knights_knaves": ("data/knights_knaves.jsonl", "data/knights_knaves_eval.jsonl",
-                       "If Zoey were a knave, her statement would be true, so she is a knight; then Ethan lies",
-                       "(1) Zoey is a knight (2) Ethan is a knave"),
+    "math": Task("data/math_tasks.jsonl", "data/math_tasks_eval.jsonl", "What is 3 + 4 * 2?", "3 + 4 * 2 = 3 + 8 = 11", "11"),
+    "gsm8k": Task("data/gsm8k_train.jsonl", "data/gsm8k_test.jsonl", "A shop has 3 boxes with 4 apples in each box. How "
+                  "many apples does the shop have?", "3 boxes of 4 apples hold 3 * 4 = 12 apples", "12"),
+    "knights_knaves": Task("data/knights_knaves.jsonl", "data/knights_knaves_eval.jsonl", 'Zoey says, "At least one '
+                           'of us is a knave." Ethan says, "Zoey is a knave." So who is a knight and who is a knave?', "If Zoey "
+                           "were a knave, her statement would be true, so she is a knight; then Ethan lies", "(1) Zoey is a knight (2) Ethan is a knave"),
+    "count_words": Task("data/count_words.jsonl", "data/count_words_eval.jsonl", 'How many words are in this sentence: '
+                        '"birds sing"?', "the words are 1 birds 2 sing", "2"),  # 2: no task's answer (3 to 8 words)
 }
 
-def system_prompt(task="math", reasoning_format="think"):
-    _, _, reasoning, answer = TASKS[task]
+def system_prompt(reasoning_format="think"):
     tag = reasoning_format
     return (
         "A conversation between User and Assistant. The user asks a question and the Assistant solves it. "
         "The Assistant first thinks about the reasoning process and then gives the answer. The reasoning "
-        f"is enclosed in <{tag}> </{tag}> tags and the final answer in <answer> </answer> tags, for example "
-        f"<{tag}> {reasoning} </{tag}> <answer> {answer} </answer>."
+        f"is enclosed in <{tag}> </{tag}> tags and the final answer in <answer> </answer> tags."
     )
 
 def format_prompt(tokenizer, question, task="math", reasoning_format="think"):
-    """The chat template when the tokenizer has one, else a plain R1-Zero style template."""
-    instructions = system_prompt(task, reasoning_format)
+    """The chat template when the tokenizer has one, else a plain R1-Zero style template; either way the task's worked
+    example comes first, as an earlier exchange: a base model copies a format it has seen far more often than one it is
+    told about (Gemma-3-270M, count_words, T = 1: 17-26% of samples in the format, 3% with the example inline)."""
+    instructions, example = system_prompt(reasoning_format), TASKS[task]
+    tag = reasoning_format
+    shown = [{"role": "user", "content": example.question},
+             {"role": "assistant", "content": f"<{tag}> {example.reasoning} </{tag}> <answer> {example.answer} </answer>"}]
     if getattr(tokenizer, "chat_template", None):
-        messages = [{"role": "system", "content": instructions}, {"role": "user", "content": question}]
+        messages = [{"role": "system", "content": instructions}, *shown, {"role": "user", "content": question}]
         try:
             return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         except Exception:  # some templates refuse a system turn: fold it into the user's
-            messages = [{"role": "user", "content": f"{instructions}\n\n{question}"}]
-            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return f"{instructions}\nUser: {question}\nAssistant: <{reasoning_format}>"
+            shown[0] = {"role": "user", "content": f"{instructions}\n\n{example.question}"}
+            return tokenizer.apply_chat_template([*shown, {"role": "user", "content": question}], tokenize=False,
+                                                 add_generation_prompt=True)
+    return (f"{instructions}\nUser: {example.question}\nAssistant: {shown[1]['content']}\n"
+            f"User: {question}\nAssistant: <{tag}>")
 
 # The reward is a weighted sum of terms, each in [0, 1] and each logged on its own:
 #   correctness  the answer in the last <answer> tags is right (Knights-and-Knaves: optionally the
@@ -241,6 +250,9 @@ def correctness(completion, answer, task="math", partial_credit=False):
         given = parse_roles(predicted, reference)
         right = sum(given.get(name) == role for name, role in reference.items())
         return right / max(1, len(reference)) if partial_credit else float(right == len(reference) > 0)
+    if task == "count_words":  # a whole number, in digits or in words: "4", "four", "4 words"
+        value = parse_count(predicted)
+        return float(value is not None and value == parse_count(answer))
     value = parse_number(predicted)
     return float(value is not None and value == parse_number(answer))
 
@@ -666,8 +678,8 @@ def complete_args(args, parser):
             setattr(args, name, gpu if args.device.startswith("cuda") else cpu)
     if args.generation_batch_size is None:  # the whole step at once
         args.generation_batch_size = args.rollouts_per_step * args.group_size
-    args.data_path = args.data_path or TASKS[args.task][0]
-    args.eval_data_path = args.eval_data_path or TASKS[args.task][1]
+    args.data_path = args.data_path or TASKS[args.task].train
+    args.eval_data_path = args.eval_data_path or TASKS[args.task].eval
     if not args.lora and args.quantization != "none":
         parser.error("--no-lora trains every weight, which quantized weights cannot do: add --quantization none")
     try:
@@ -987,6 +999,19 @@ def parse_number(text):
             continue
     return None
 
+NUMBER_WORDS = {word: i for i, word in enumerate("zero one two three four five six seven eight nine ten eleven twelve "
+                                                 "thirteen fourteen fifteen sixteen seventeen eighteen nineteen twenty".split())}
+
+def parse_count(text):
+    """The last whole number in a text, in digits or in words up to twenty: '4', 'four', '4 words' -> 4; else None."""
+    found = re.findall(rf"-?\d+(?:\.\d+)?|\b(?:{'|'.join(NUMBER_WORDS)})\b", (text or "").lower())
+    if not found or len(found[-1]) > 100:
+        return None
+    if found[-1] in NUMBER_WORDS:
+        return NUMBER_WORDS[found[-1]]
+    value = Fraction(found[-1])
+    return int(value) if value.denominator == 1 else None  # '4.5' is no count
+
 def parse_roles(text, names):
     """{name: 'knight' | 'knave'} for each name the text gives a role, in any phrasing the prompt allows:
     '(1) Zoey is a knight', 'Zoey: knave', 'Zoey is not a knight' (a knave)."""
@@ -1007,6 +1032,8 @@ def reference_roles(answer):
 def answer_parses(text, task):
     if task == "knights_knaves":  # a role claimed for someone, as the prompt phrases it; a bare 'knight' is no answer
         return bool(ROLE_CLAIM.search(text or ""))
+    if task == "count_words":
+        return parse_count(text) is not None
     return parse_number(text) is not None
 
 class Scorer:

@@ -107,8 +107,15 @@ def seven_reward(completion, answer, *args, **kwargs):
 
 
 def learn_sevens(module, model_dir, tmp_path, monkeypatch, steps, *options):
-    """Train the tiny model with module.main on seven_reward for `steps` steps; returns the reward of each step."""
+    """Train the tiny model with module.main on seven_reward for `steps` steps; returns the reward of each step.
+    The prompt is fixed here, as the step counts and thresholds of these tests were measured with it (the
+    instructions with the math example inline, the prompt before 2026-11-23): the tiny random model's first
+    samples, and so how soon it finds the sevens, depend on it. format_prompt has tests of its own."""
+    instructions = module.system_prompt()[:-1] + ", for example <think> 3 + 4 * 2 = 3 + 8 = 11 </think> <answer> 11 </answer>."
     monkeypatch.setattr(module, "reward_terms", seven_reward)
+    monkeypatch.setattr(module, "format_prompt", lambda tokenizer, question, *args: tokenizer.apply_chat_template(
+        [{"role": "system", "content": instructions}, {"role": "user", "content": question}], tokenize=False,
+        add_generation_prompt=True))
     data = write_jsonl(tmp_path / "tasks.jsonl", [{"question": f"Say something {i}", "answer": "7"} for i in range(64)])
     module.main([
         "--model-name", str(model_dir), "--device", "cpu", "--dtype", "float32", "--data-path", str(data),

@@ -63,3 +63,21 @@ def test_a_seed_changes_the_tasks(tmp_path):
     run_script(SCRIPT, "--out-dir", tmp_path, "--seed", "1", "--train-rows", "50", "--eval-rows", "10")
     assert read_jsonl(tmp_path / "simple_tasks.jsonl")[:5] != read_jsonl(ROOT / "data" / "simple_tasks.jsonl")[:5]
     assert len(read_jsonl(tmp_path / "simple_tasks.jsonl")) == 50
+
+
+def test_count_words_task_is_one_kind_reproducible_and_held_out(tmp_path):
+    """--kind count_words writes the files of experiment_base's --task count_words (its CPU default)."""
+    result = run_script(SCRIPT, "--kind", "count_words", "--train-rows", "2000", "--eval-rows", "500", "--out-dir", tmp_path)
+    assert result.returncode == 0, result.stderr
+    for name in ("count_words.jsonl", "count_words_eval.jsonl"):
+        assert (tmp_path / name).read_bytes() == (ROOT / "data" / name).read_bytes(), name
+    train, held_out = read_jsonl(tmp_path / "count_words.jsonl"), read_jsonl(tmp_path / "count_words_eval.jsonl")
+    assert not {r["question"] for r in train} & {r["question"] for r in held_out}
+    for row in train + held_out:
+        assert row["kind"] == "count_words" and int(row["answer"]) == oracle("count_words", row["question"])
+    assert {r["answer"] for r in held_out} == {str(n) for n in range(3, 9)}  # every length, 3 to 8 words
+
+
+def test_a_bad_kind_is_refused(tmp_path):
+    result = run_script(SCRIPT, "--kind", "riddles", "--out-dir", tmp_path)
+    assert result.returncode == 2 and "--kind: invalid choice: 'riddles'" in result.stderr

@@ -81,17 +81,61 @@ def test_strict_format(task_experiment, completion, score):
 
 
 def test_plain_template_without_a_chat_template(task_experiment, tiny_model_dir):
-    """A base model (no chat template, like the packaged Gemma-3-270M) gets the R1-Zero style prompt, which opens
-    the reasoning tag for it."""
+    """A base model (no chat template, like the packaged Gemma-3-270M) gets the R1-Zero style prompt, the task's
+    worked example first as an earlier exchange, and the reasoning tag opened for it."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     tokenizer.chat_template = None
+    example = task_experiment.TASKS["math"]
     prompt = task_experiment.format_prompt(tokenizer, "What is 2 + 3?")
-    assert prompt == task_experiment.system_prompt() + "\nUser: What is 2 + 3?\nAssistant: <think>"
+    assert prompt == (f"{task_experiment.system_prompt()}\nUser: {example.question}\nAssistant: <think> "
+                      f"{example.reasoning} </think> <answer> {example.answer} </answer>\nUser: What is 2 + 3?\nAssistant: <think>")
     prompt = task_experiment.format_prompt(tokenizer, "Who is a knight?", "knights_knaves", "reasoning")
-    assert prompt.startswith(task_experiment.system_prompt("knights_knaves", "reasoning"))
-    assert prompt.endswith("Assistant: <reasoning>") and "<reasoning> If Zoey were a knave" in prompt
+    assert prompt.startswith(task_experiment.system_prompt("reasoning") + "\nUser: Zoey says")
+    assert prompt.endswith("User: Who is a knight?\nAssistant: <reasoning>") and "<reasoning> If Zoey were a knave" in prompt
+
+
+def test_chat_template_shows_the_worked_example_as_an_earlier_exchange(task_experiment, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompt = task_experiment.format_prompt(tokenizer, "How many words are in this sentence: \"a b c\"?", "count_words")
+    example = task_experiment.TASKS["count_words"]
+    assert prompt.index(example.question) < prompt.index(example.reasoning) < prompt.index('"a b c"')
+    assert prompt.count(task_experiment.system_prompt()) == 1
+
+
+@pytest.mark.parametrize("task", ["math", "gsm8k", "knights_knaves", "count_words"])
+def test_every_worked_example_earns_the_full_reward(task_experiment, task):
+    """The example a task shows is itself right and in the format: a wrong example would teach a wrong answer."""
+    example = task_experiment.TASKS[task]
+    completion = f"<think> {example.reasoning} </think> <answer> {example.answer} </answer>"
+    assert task_experiment.correctness(completion, example.answer, task) == 1.0
+    assert task_experiment.format_score(completion, task) == 1.0
+    if task == "count_words":  # and copying it is never right: no sentence of the task has its length
+        assert int(example.answer) == len(example.question.split('"')[1].split())
+        rows = (ROOT / "data" / "count_words.jsonl").read_text() + (ROOT / "data" / "count_words_eval.jsonl").read_text()
+        assert f'"answer": "{example.answer}"' not in rows
+
+
+@pytest.mark.parametrize("answer_text, reference, expected", [
+    ("4", "4", 1.0),
+    ("four", "4", 1.0),  # a count may be written in words
+    ("Four words", "4", 1.0),
+    ("there are 4 words", "4", 1.0),
+    ("4.0", "4", 1.0),
+    ("4.5", "4", 0.0),  # no count
+    ("3 or 4", "4", 1.0),  # the last number counts, as for the other tasks
+    ("5", "4", 0.0),
+    ("fourteen", "4", 0.0),  # whole words only
+    ("twenty", "20", 1.0),
+    ("", "4", 0.0),
+])
+def test_count_answers(task_experiment, answer_text, reference, expected):
+    completion = f"{THINK}<answer>{answer_text}</answer>"
+    assert task_experiment.correctness(completion, reference, "count_words") == expected, answer_text
+    assert task_experiment.format_score(completion, "count_words") == float(answer_text not in ("", "4.5"))
 
 
 @pytest.mark.parametrize("answer, score", [
@@ -261,7 +305,7 @@ GSM8K_ROWS = [
 ]
 
 
-@pytest.mark.parametrize("task", ["math", "gsm8k", "knights_knaves"])
+@pytest.mark.parametrize("task", ["math", "gsm8k", "knights_knaves", "count_words"])
 def test_each_task_runs_two_steps(task_experiment, tiny_model_dir, tmp_path, task):
     data = []
     if task == "gsm8k":  # the real files need the hub: a small file in GSM8K's prepared format
