@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from common import load_experiment
 
-TASKS = ["math", "gsm8k", "knights_knaves", "count_words"]
+TASKS = ["sequence", "math", "gsm8k", "knights_knaves", "count_words"]
 
 
 def parse_args(argv=None):

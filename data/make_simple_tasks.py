@@ -8,13 +8,16 @@ Each line is {"question", "answer", "kind"}; `--filter kind=compare` keeps one k
   count_words      "How many words are in this sentence: "the dog ran home"?"  4
   next_number      "What number comes next: 4, 7, 10, 13, ...?"  16
   unit_conversion  "How many minutes are in 3 hours?"  180
+  sequence         "What number comes next: 15, 20, 25, 30, ...?"  35   (--kind sequence only)
 The same seed writes the same bytes, and no held-out question appears in the training file.
 
---kind count_words writes one kind alone, to data/count_words.jsonl and data/count_words_eval.jsonl:
-the task `--task count_words` of the experiments, chosen from these kinds because the packaged model
-sometimes counts right but rarely at its first guess (README, "A task the packaged model can learn").
+--kind K writes one kind alone, to data/K.jsonl and data/K_eval.jsonl. Two are tasks of the experiments:
+`--task sequence` (the CPU default: counting by 2, 3, 4, 5 or 10, whose 200 questions are split 100 / 100)
+and `--task count_words`, chosen because the packaged model sometimes answers them right but rarely at its
+first guess (README, "Candidates for a task the packaged model can learn").
 
     python data/make_simple_tasks.py                   # 1,500 training + 900 held-out rows, every kind
+    python data/make_simple_tasks.py --kind sequence --train-rows 100 --eval-rows 100
     python data/make_simple_tasks.py --kind count_words --train-rows 2000 --eval-rows 500
     python data/make_simple_tasks.py --train-rows 600 --out-dir /tmp/tasks
 """
@@ -39,7 +42,8 @@ VOCABULARY = ["the", "dog", "cat", "ran", "home", "a", "big", "red", "ball", "sa
               "bird", "sing", "in", "tree", "she", "likes", "green", "tea", "my", "friend", "reads", "books"]
 UNITS = [("minutes", "hours", 60), ("hours", "days", 24), ("days", "weeks", 7), ("months", "years", 12),
          ("centimeters", "meters", 100), ("grams", "kilograms", 1000), ("seconds", "minutes", 60), ("eggs", "dozens", 12)]
-KINDS = ("word_problem", "compare", "count_letters", "count_words", "next_number", "unit_conversion")
+KINDS = ("word_problem", "compare", "count_letters", "count_words", "next_number", "unit_conversion")  # the default mix
+SEQUENCES = 200  # distinct questions of the kind sequence: 5 steps x 20 starts x 2 lengths
 
 
 def word_problem(rng):
@@ -78,6 +82,13 @@ def next_number(rng):
     return f"What number comes next: {', '.join(map(str, terms))}, ...?", start + 4 * step
 
 
+def sequence(rng):
+    """Counting by 2, 3, 4, 5 or 10 from a multiple of the step: 4 or 5 terms, 200 questions in all."""
+    step, start = rng.choice([2, 3, 4, 5, 10]), rng.randint(1, 20)
+    terms = [step * (start + i) for i in range(rng.choice([4, 5]))]
+    return f"What number comes next: {', '.join(map(str, terms))}, ...?", terms[-1] + step
+
+
 def unit_conversion(rng):
     small, big, factor = rng.choice(UNITS)
     n = rng.randint(2, 99)
@@ -92,10 +103,13 @@ def make_task(rng, kinds=KINDS):
 
 def main(argv=None):
     parser = split_parser(__doc__, train_rows=1_500, eval_rows=900)
-    parser.add_argument("--kind", choices=KINDS, help="write this kind alone, to KIND.jsonl and KIND_eval.jsonl "
+    parser.add_argument("--kind", choices=[*KINDS, "sequence"], help="write this kind alone, to KIND.jsonl and KIND_eval.jsonl "
                         "(default: every kind, to simple_tasks.jsonl and simple_tasks_eval.jsonl)")
     args = parser.parse_args(argv)
     check_sizes(parser, args)
+    if args.kind == "sequence" and args.train_rows + args.eval_rows > SEQUENCES:
+        parser.error(f"--kind sequence has {SEQUENCES} distinct questions: --train-rows + --eval-rows must be at most that "
+                     f"(got {args.train_rows} + {args.eval_rows})")
     kinds = (args.kind,) if args.kind else KINDS
     train, held_out = unique_split(lambda rng: make_task(rng, kinds), random.Random(args.seed), args.train_rows, args.eval_rows)
     write_split(args, args.kind or "simple_tasks", train, held_out)

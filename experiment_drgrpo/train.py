@@ -67,7 +67,7 @@ SAMPLING_BLOCK = 512  # the sampler draws a block of this many vocabulary ids, t
 DEVICE_DEFAULTS = dict(  # options whose default depends on the device: (on CUDA, on CPU)
     model_name=(GPU_MODEL, CPU_MODEL), quantization=("4bit", "none"), group_size=(16, 4), rollouts_per_step=(32, 4),
     max_length=(1024, 128), max_steps=(500, 50), lr=(2e-5, 1e-4), eval_prompts=(200, 20),
-    generation_batch_size=(256, None))
+    generation_batch_size=(256, None), task=("math", "sequence"))
 ALGORITHMS = ("grpo", "drgrpo", "dapo", "gspo", "cispo", "reinforce_pp", "reinforce_pp_baseline")
 TOKEN_LEVEL = ("dapo", "cispo", "reinforce_pp", "reinforce_pp_baseline")  # their loss is a mean over the batch's tokens
 # --preset NAME sets a group of options; options given on the command line win. The algorithm presets hold
@@ -114,8 +114,8 @@ def parse_args(argv=None):
     g.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false", help="keep "
                    "activations instead of recomputing them (faster, more memory); gradient_checkpointing=%(default)s by default")
     g = p.add_argument_group("task, data and reward")
-    g.add_argument("--task", default="math", choices=list(TASKS), help="data files, worked example and answer "
-                   "comparison: numbers (math, gsm8k), whole numbers in digits or words (count_words), knight/knave roles")
+    g.add_argument("--task", choices=list(TASKS), **by_device("task", "data files, worked example and answer comparison: "
+                   "numbers (math, gsm8k, sequence), whole numbers in digits or words (count_words), knight/knave roles"))
     g.add_argument("--data-path", help="training tasks, JSONL; None: the --task's file in data/, as TASKS lists")
     g.add_argument("--eval-data-path", help="held-out tasks, JSONL; None: the --task's held-out file in data/")
     g.add_argument("--prompt-key", default="question", help="JSONL field holding the question")
@@ -256,6 +256,8 @@ TASKS = {
                            "were a knave, her statement would be true, so she is a knight; then Ethan lies", "(1) Zoey is a knight (2) Ethan is a knave"),
     "count_words": Task("data/count_words.jsonl", "data/count_words_eval.jsonl", 'How many words are in this sentence: '
                         '"birds sing"?', "the words are 1 birds 2 sing", "2"),  # 2: no task's answer (3 to 8 words)
+    "sequence": Task("data/sequence.jsonl", "data/sequence_eval.jsonl", "What number comes next: 6, 12, 18, 24, ...?",
+                     "each number is 6 more than the one before; the last is 24, and 24 + 6 = 30", "30"),  # no task counts by 6
 }
 
 def system_prompt(reasoning_format="think"):

@@ -26,16 +26,16 @@ def test_step_time_benchmark_runs(tiny_model_dir, tmp_path):
 
 def test_learning_benchmark_runs(tiny_model_dir, tmp_path):
     result = run_script(ROOT / "benchmarks" / "learning.py", "--model-name", tiny_model_dir, "--steps", "2",
-                        "--eval-prompts", "3", "--eval-interval", "1", "--samples", "2", "--task", "count_words", "--out", tmp_path,
+                        "--eval-prompts", "3", "--eval-interval", "1", "--samples", "2", "--out", tmp_path,
                         "--run-name", "smoke", "--", "--max-length", "8", "--dtype", "float32", "--group-size", "2",
                         "--rollouts-per-step", "2")
     assert result.returncode == 0, result.stderr[-3000:]
     figures = json.loads((tmp_path / "learning.json").read_text())
-    assert figures["task"] == "count_words" and figures["steps"] == 2 and figures["minutes"] > 0
+    assert figures["task"] == "sequence" and figures["steps"] == 2  # the default, as experiment_base's on CPU and figures["minutes"] > 0
     assert [step for step, _ in figures["curves"]["eval/accuracy"]] == [0, 1, 2]
     assert figures["before"]["accuracy"] == figures["curves"]["eval/accuracy"][0][1]
     assert figures["after"]["format_rate"] == figures["curves"]["eval/format_rate"][-1][1]
-    held_out = (ROOT / "data" / "count_words_eval.jsonl").read_text().splitlines()[:2]
+    held_out = (ROOT / "data" / "sequence_eval.jsonl").read_text().splitlines()[:2]
     assert [s["question"] for s in figures["samples"]] == [json.loads(line)["question"] for line in held_out]
     assert all(isinstance(s["completion"], str) and isinstance(s["correct"], bool) for s in figures["samples"])
     assert (tmp_path / "learning.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

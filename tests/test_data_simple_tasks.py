@@ -1,4 +1,4 @@
-"""data/make_simple_tasks.py: one-step tasks of six kinds, each answer checked by an oracle of the test's own."""
+"""data/make_simple_tasks.py: one-step tasks of seven kinds, each answer checked by an oracle of the test's own."""
 
 import json
 import re
@@ -31,7 +31,7 @@ def oracle(kind, question):
         return word.count(letter)
     if kind == "count_words":
         return len(re.search(r'"(.*)"', question)[1].split())
-    if kind == "next_number":
+    if kind in ("next_number", "sequence"):
         assert len({b - a for a, b in zip(numbers, numbers[1:])}) == 1  # an arithmetic sequence
         return numbers[-1] + numbers[1] - numbers[0]
     small, big = re.fullmatch(r"How many (\w+) are in \d+ (\w+)\?", question).groups()
@@ -66,7 +66,7 @@ def test_a_seed_changes_the_tasks(tmp_path):
 
 
 def test_count_words_task_is_one_kind_reproducible_and_held_out(tmp_path):
-    """--kind count_words writes the files of experiment_base's --task count_words (its CPU default)."""
+    """--kind count_words writes the files of experiment_base's --task count_words."""
     result = run_script(SCRIPT, "--kind", "count_words", "--train-rows", "2000", "--eval-rows", "500", "--out-dir", tmp_path)
     assert result.returncode == 0, result.stderr
     for name in ("count_words.jsonl", "count_words_eval.jsonl"):
@@ -76,6 +76,32 @@ def test_count_words_task_is_one_kind_reproducible_and_held_out(tmp_path):
     for row in train + held_out:
         assert row["kind"] == "count_words" and int(row["answer"]) == oracle("count_words", row["question"])
     assert {r["answer"] for r in held_out} == {str(n) for n in range(3, 9)}  # every length, 3 to 8 words
+
+
+def test_sequence_task_is_every_question_split_in_two(tmp_path):
+    """--kind sequence writes the files of --task sequence, experiment_base's CPU default: counting by 2, 3, 4, 5 or
+    10 from a multiple of the step, 4 or 5 terms; the 200 such questions split 100 / 100, with answers so spread out
+    that no constant answer is right on more than a few held-out problems."""
+    result = run_script(SCRIPT, "--kind", "sequence", "--train-rows", "100", "--eval-rows", "100", "--out-dir", tmp_path)
+    assert result.returncode == 0, result.stderr
+    for name in ("sequence.jsonl", "sequence_eval.jsonl"):
+        assert (tmp_path / name).read_bytes() == (ROOT / "data" / name).read_bytes(), name
+    train, held_out = read_jsonl(tmp_path / "sequence.jsonl"), read_jsonl(tmp_path / "sequence_eval.jsonl")
+    assert not {r["question"] for r in train} & {r["question"] for r in held_out}
+    assert len({r["question"] for r in train + held_out}) == 200
+    for row in train + held_out:
+        numbers = [int(n) for n in re.findall(r"\d+", row["question"])]
+        step = numbers[1] - numbers[0]
+        assert step in (2, 3, 4, 5, 10) and numbers[0] % step == 0 and len(numbers) in (4, 5), row
+        assert row["kind"] == "sequence" and int(row["answer"]) == oracle("sequence", row["question"])
+    answers = [r["answer"] for r in held_out]
+    assert max(answers.count(a) for a in answers) <= 5
+
+
+def test_more_sequence_rows_than_questions_are_refused(tmp_path):
+    result = run_script(SCRIPT, "--kind", "sequence", "--train-rows", "150", "--eval-rows", "100", "--out-dir", tmp_path)
+    assert result.returncode == 2 and "--kind sequence has 200 distinct questions" in result.stderr
+    assert "(got 150 + 100)" in result.stderr and not list(tmp_path.iterdir())
 
 
 def test_a_bad_kind_is_refused(tmp_path):

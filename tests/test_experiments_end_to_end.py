@@ -139,8 +139,17 @@ def test_help_lists_every_option_with_its_default(name):
                    "--eval-interval", "--eval-prompts", "--log-dir", "--run-name", "--wandb", "--wandb-project",
                    "--log-completions-interval"]:
         assert option in text, option
-    for default in ["(default: 16 on CUDA, 4 on CPU)", "(default: runs)", "(default: 0.2)", "(default: 42)"]:
+    for default in ["(default: 16 on CUDA, 4 on CPU)", "(default: math on CUDA, sequence on CPU)", "(default: runs)",
+                    "(default: 0.2)", "(default: 42)"]:
         assert default in text, default
+
+
+def test_the_cpu_default_task_is_sequence(task_experiment):
+    """On CPU the packaged Gemma-3-270M learns --task sequence (README, "Does it learn?"); --task still chooses."""
+    args = task_experiment.parse_args(["--device", "cpu"])
+    assert (args.task, args.data_path, args.eval_data_path) == ("sequence", "data/sequence.jsonl", "data/sequence_eval.jsonl")
+    args = task_experiment.parse_args(["--device", "cpu", "--task", "math"])
+    assert (args.task, args.data_path) == ("math", "data/math_tasks.jsonl")
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)

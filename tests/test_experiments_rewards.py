@@ -106,7 +106,7 @@ def test_chat_template_shows_the_worked_example_as_an_earlier_exchange(task_expe
     assert prompt.count(task_experiment.system_prompt()) == 1
 
 
-@pytest.mark.parametrize("task", ["math", "gsm8k", "knights_knaves", "count_words"])
+@pytest.mark.parametrize("task", ["math", "gsm8k", "knights_knaves", "count_words", "sequence"])
 def test_every_worked_example_earns_the_full_reward(task_experiment, task):
     """The example a task shows is itself right and in the format: a wrong example would teach a wrong answer."""
     example = task_experiment.TASKS[task]
@@ -117,6 +117,9 @@ def test_every_worked_example_earns_the_full_reward(task_experiment, task):
         assert int(example.answer) == len(example.question.split('"')[1].split())
         rows = (ROOT / "data" / "count_words.jsonl").read_text() + (ROOT / "data" / "count_words_eval.jsonl").read_text()
         assert f'"answer": "{example.answer}"' not in rows
+    if task == "sequence":  # it counts by 6, which no question does: its question is in neither file
+        rows = (ROOT / "data" / "sequence.jsonl").read_text() + (ROOT / "data" / "sequence_eval.jsonl").read_text()
+        assert example.question.split(": ")[1].split(", ...")[0] not in rows and " 6, 12," not in rows
 
 
 @pytest.mark.parametrize("answer_text, reference, expected", [
@@ -305,7 +308,7 @@ GSM8K_ROWS = [
 ]
 
 
-@pytest.mark.parametrize("task", ["math", "gsm8k", "knights_knaves", "count_words"])
+@pytest.mark.parametrize("task", ["math", "gsm8k", "knights_knaves", "count_words", "sequence"])
 def test_each_task_runs_two_steps(task_experiment, tiny_model_dir, tmp_path, task):
     data = []
     if task == "gsm8k":  # the real files need the hub: a small file in GSM8K's prepared format
