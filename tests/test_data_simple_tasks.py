@@ -65,16 +65,23 @@ def test_a_seed_changes_the_tasks(tmp_path):
     assert len(read_jsonl(tmp_path / "simple_tasks.jsonl")) == 50
 
 
-def test_count_words_task_is_one_kind_reproducible_and_held_out(tmp_path):
-    """--kind count_words writes the files of experiment_base's --task count_words."""
-    result = run_script(SCRIPT, "--kind", "count_words", "--train-rows", "2000", "--eval-rows", "500", "--out-dir", tmp_path)
+def one_kind(tmp_path, kind, train_rows, eval_rows):
+    """Run --kind KIND; check it writes the committed data/KIND*.jsonl, held out, every answer right by the
+    oracle. Returns (training rows, held-out rows)."""
+    result = run_script(SCRIPT, "--kind", kind, "--train-rows", train_rows, "--eval-rows", eval_rows, "--out-dir", tmp_path)
     assert result.returncode == 0, result.stderr
-    for name in ("count_words.jsonl", "count_words_eval.jsonl"):
+    for name in (f"{kind}.jsonl", f"{kind}_eval.jsonl"):
         assert (tmp_path / name).read_bytes() == (ROOT / "data" / name).read_bytes(), name
-    train, held_out = read_jsonl(tmp_path / "count_words.jsonl"), read_jsonl(tmp_path / "count_words_eval.jsonl")
+    train, held_out = read_jsonl(tmp_path / f"{kind}.jsonl"), read_jsonl(tmp_path / f"{kind}_eval.jsonl")
     assert not {r["question"] for r in train} & {r["question"] for r in held_out}
     for row in train + held_out:
-        assert row["kind"] == "count_words" and int(row["answer"]) == oracle("count_words", row["question"])
+        assert row["kind"] == kind and int(row["answer"]) == oracle(kind, row["question"]), row
+    return train, held_out
+
+
+def test_count_words_task_is_one_kind_reproducible_and_held_out(tmp_path):
+    """--kind count_words writes the files of experiment_base's --task count_words."""
+    _, held_out = one_kind(tmp_path, "count_words", "2000", "500")
     assert {r["answer"] for r in held_out} == {str(n) for n in range(3, 9)}  # every length, 3 to 8 words
 
 
@@ -82,18 +89,12 @@ def test_sequence_task_is_every_question_split_in_two(tmp_path):
     """--kind sequence writes the files of --task sequence, experiment_base's CPU default: counting by 2, 3, 4, 5 or
     10 from a multiple of the step, 4 or 5 terms; the 200 such questions split 100 / 100, with answers so spread out
     that no constant answer is right on more than a few held-out problems."""
-    result = run_script(SCRIPT, "--kind", "sequence", "--train-rows", "100", "--eval-rows", "100", "--out-dir", tmp_path)
-    assert result.returncode == 0, result.stderr
-    for name in ("sequence.jsonl", "sequence_eval.jsonl"):
-        assert (tmp_path / name).read_bytes() == (ROOT / "data" / name).read_bytes(), name
-    train, held_out = read_jsonl(tmp_path / "sequence.jsonl"), read_jsonl(tmp_path / "sequence_eval.jsonl")
-    assert not {r["question"] for r in train} & {r["question"] for r in held_out}
+    train, held_out = one_kind(tmp_path, "sequence", "100", "100")
     assert len({r["question"] for r in train + held_out}) == 200
     for row in train + held_out:
         numbers = [int(n) for n in re.findall(r"\d+", row["question"])]
         step = numbers[1] - numbers[0]
         assert step in (2, 3, 4, 5, 10) and numbers[0] % step == 0 and len(numbers) in (4, 5), row
-        assert row["kind"] == "sequence" and int(row["answer"]) == oracle("sequence", row["question"])
     answers = [r["answer"] for r in held_out]
     assert max(answers.count(a) for a in answers) <= 5
 
