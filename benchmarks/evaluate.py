@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from common import load_experiment
 
-TASKS = ["sequence", "math", "gsm8k", "knights_knaves", "count_words"]
+TASKS = list(load_experiment().TASKS)  # experiment_base's --task choices
 
 
 def parse_args(argv=None):

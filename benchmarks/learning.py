@@ -28,7 +28,7 @@ from pathlib import Path
 
 from common import ROOT, load_experiment, scalars
 
-TASKS = ["sequence", "math", "gsm8k", "knights_knaves", "count_words"]
+TASKS = list(load_experiment().TASKS)  # experiment_base's --task choices
 FILTERS = {"math": ["--filter", "num_terms=2", "--filter", "num_digits=2", "--filter", "ops=+,-"]}  # before yours
 
 
