@@ -63,14 +63,13 @@ CPU_MODEL = "packaged:gemma-3-270m"  # Gemma-3-270M from the PyPI package gemma3
 # closed search call: then the script retrieves passages, appends them, and the model takes another turn.
 STOP_STRINGS = ("</answer>", "\nUser:", "</search>")
 MAX_TURNS = 3  # searches per episode, by default
-TOP_K = 3  # passages per search
 PASSAGE_CHARS = 300  # each passage shown is cut to this many characters (the generated corpus's are under 200)
 LOGITS_CHUNK_ELEMENTS = 2**24  # at most this many float32 logits exist at once in sequence_log_probs
 SAMPLING_BLOCK = 512  # the sampler draws a block of this many vocabulary ids, then an id within it
 DEVICE_DEFAULTS = dict(  # options whose default depends on the device: (on CUDA, on CPU)
     model_name=(GPU_MODEL, CPU_MODEL), quantization=("4bit", "none"), group_size=(16, 4), rollouts_per_step=(32, 4),
     max_length=(1024, 128), max_steps=(500, 50), lr=(2e-5, 1e-4), eval_prompts=(200, 20),
-    generation_batch_size=(256, None))
+    generation_batch_size=(256, None), top_k=(3, 1))  # top_k: Gemma-3-270M reads the last passage it is shown
 
 def parse_args(argv=None):
     """The options; a type such as real("(0, 1]") refuses a value outside its range, or inf, or nan."""
@@ -110,7 +109,7 @@ def parse_args(argv=None):
                    "and .pdf files (searched recursively), split into passages at blank lines")
     g.add_argument("--retriever", default="dense", choices=RETRIEVERS,
                    help="dense: all-MiniLM-L6-v2 embeddings in a faiss index (cached on disk); bm25: word overlap")
-    g.add_argument("--top-k", type=integer("[1, inf)"), default=TOP_K, help="passages returned per search")
+    g.add_argument("--top-k", type=integer("[1, inf)"), **by_device("top_k", "passages returned per search"))
     g.add_argument("--passage-chars", type=integer("[0, inf)"), default=PASSAGE_CHARS,
                    help="each passage shown to the model is cut to this many characters (0: whole passages)")
     g.add_argument("--max-turns", type=integer("[0, inf)"), default=MAX_TURNS,
@@ -194,10 +193,20 @@ def reference_policy(model, reference=None):
 
 # ---- Prompts and rewards ----
 
-# The worked example every prompt shows, as an earlier exchange: one search, the passages, the answer.
-EXAMPLE_QUESTION = "Who built the Velmora Lighthouse?"
-EXAMPLE_EPISODE = ("<search> Velmora Lighthouse </search>\n<information>\nDoc 1 (lighthouses#0):\nThe Velmora Lighthouse "
-                   "was built in 1823 by Orrin Quade.\n</information>\n<answer> Orrin Quade </answer>")
+# Two worked examples every prompt shows, as earlier exchanges: search the question, read the passage, answer.
+# They are written like the corpus (data/qa, whose names they do not use): Gemma-3-270M, untrained and given the
+# passage of a held-out question, copied the answer out of it in 0.4% of samples after the earlier one-line
+# example, in 17% after these two (experiment README).
+EXAMPLES = (
+    ("What is the birthplace of Daulo Mirkens?",
+     "<search> What is the birthplace of Daulo Mirkens? </search>\n<information>\nDoc 1 (person_9001#0):\n# Daulo Mirkens\n"
+     "Daulo Mirkens was born in 1862 in the town of Oskerby. The family kept a small farm, and Mirkens walked to "
+     "school every day.\n</information>\n<answer> Oskerby </answer>"),
+    ("Who employed Vessa Trannig?",
+     "<search> Who employed Vessa Trannig? </search>\n<information>\nDoc 1 (person_9002#1):\nVessa Trannig worked as a "
+     "chemist for the Pellow Institute. Trannig published little but taught many.\n</information>\n"
+     "<answer> Pellow Institute </answer>"),
+)
 
 def system_prompt():
     """How to search and how to answer (the README documents the same)."""
@@ -210,20 +219,21 @@ def system_prompt():
 
 def format_prompt(tokenizer, question):
     """The chat template when the tokenizer has one, else a plain R1-Zero style template; either way the worked
-    example comes first as an earlier exchange: a base model copies a format it has seen in the dialogue far more
+    examples come first as earlier exchanges: a base model copies a format it has seen in the dialogue far more
     often than one it is told about (Gemma-3-270M, untrained: 0.38 searches per episode instead of 0). The
     episode's later turns and retrieved passages go inside the assistant's message (see the rollout)."""
     instructions = system_prompt()
-    example = [{"role": "user", "content": EXAMPLE_QUESTION}, {"role": "assistant", "content": EXAMPLE_EPISODE}]
+    examples = [{"role": role, "content": text} for pair in EXAMPLES for role, text in zip(("user", "assistant"), pair)]
     if getattr(tokenizer, "chat_template", None):
-        messages = [{"role": "system", "content": instructions}, *example, {"role": "user", "content": question}]
+        messages = [{"role": "system", "content": instructions}, *examples, {"role": "user", "content": question}]
         try:
             return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         except Exception:  # some templates refuse a system turn: fold it into the user's
-            example[0] = {"role": "user", "content": f"{instructions}\n\n{EXAMPLE_QUESTION}"}
-            messages = [*example, {"role": "user", "content": question}]
+            examples[0] = {"role": "user", "content": f"{instructions}\n\n{EXAMPLES[0][0]}"}
+            messages = [*examples, {"role": "user", "content": question}]
             return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return f"{instructions}\nUser: {EXAMPLE_QUESTION}\nAssistant: {EXAMPLE_EPISODE}\nUser: {question}\nAssistant:"
+    dialogue = "".join(f"\nUser: {q}\nAssistant: {episode}" for q, episode in EXAMPLES)
+    return f"{instructions}{dialogue}\nUser: {question}\nAssistant:"
 
 # The reward is a weighted sum of terms, each logged on its own. They read the model's own words (its turns,
 # without the retrieved passages) and the episode's search record (in the row's metadata):
@@ -613,11 +623,12 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None):
 
 @torch.no_grad()
 def evaluate(model, tokenizer, tasks, args, score, search):
-    """Greedy accuracy (mean correctness), format rate, searches per episode and retrieval recall on held-out tasks."""
+    """Greedy accuracy (the share of exact answers), format rate, searches per episode and retrieval recall on
+    held-out tasks."""
     model.eval()
     result = rollout(model, tokenizer, tasks, group_size=1, max_length=args.max_length, temperature=0,
                      generation_batch_size=args.generation_batch_size, score=score, search=search, max_turns=args.max_turns)
-    return {"eval/accuracy": result.terms["correctness"].mean().item(), "eval/format_rate": result.terms["format"].mean().item(),
+    return {"eval/accuracy": (result.terms["correctness"] == 1).float().mean().item(), "eval/format_rate": result.terms["format"].mean().item(),
             "eval/searches_per_episode": result.searches.float().mean().item(),
             "eval/retrieval_recall": result.answer_retrieved.mean().item()}
 
@@ -1145,7 +1156,7 @@ def shorten(text, limit):
     cut = text.rfind(" ", 0, limit + 1)
     return text[: cut if cut > 0 else limit] + " ..."
 
-def make_search(index, top_k=TOP_K, passage_chars=PASSAGE_CHARS):
+def make_search(index, top_k=3, passage_chars=PASSAGE_CHARS):
     """The search tool as the rollout calls it: a list of queries -> for each, the passages shown to the model
     (the top_k best, best first, each cut to passage_chars characters), from one batched search."""
     def search(queries):

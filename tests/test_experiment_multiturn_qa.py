@@ -130,6 +130,54 @@ def test_retrieval_recall_matches_whole_words(qa):
     assert not qa.answer_in("born in 18170", "1817") and not qa.answer_in("Tosk and Mira", "Mira Tosk")
 
 
+# ---------------------------------------------------------------- the worked examples of the prompt
+
+def test_worked_examples_are_true_episodes(qa):
+    """Each example searches its question, reads one passage that holds the answer, and answers it: its own words
+    (the passages left out, as the rollout scores them) earn full correctness and format; the passage is laid out
+    as format_passages lays out the corpus's; and no name of the examples occurs in data/qa, so an answer copied
+    from an example is never right there."""
+    corpus_text = " ".join(path.read_text() for path in (ROOT / "data" / "qa").rglob("*.*") if path.is_file())
+    for question, episode in qa.EXAMPLES:
+        call, rest = episode.split("</search>", 1)
+        assert qa.find_search_call(call + "</search>") == question  # the question itself is the query
+        information, answer = rest.split("</information>", 1)
+        passage = information.split("<information>\n", 1)[1]
+        assert passage.startswith("Doc 1 (") and passage.count("Doc ") == 1  # one passage, the rollout's layout
+        reference = qa.extract_answer(answer)
+        assert qa.answer_in(passage, reference)  # the answer is read out of the passage
+        words = call + "</search>" + answer  # the model's own words
+        assert qa.reward_terms(words, reference, {"searches": 1})["correctness"] == 1.0
+        assert qa.format_score(words) == 1.0
+        for name in (reference, question.rstrip("?").split()[-2] + " " + question.rstrip("?").split()[-1]):
+            assert name not in corpus_text, name
+
+
+def test_prompt_plays_both_examples_then_the_question(qa, tiny_model_dir):
+    plain = qa.format_prompt(SimpleNamespace(chat_template=None), "Who employed Brio Tosk?")
+    dialogue = "".join(f"\nUser: {q}\nAssistant: {episode}" for q, episode in qa.EXAMPLES)
+    assert plain == f"{qa.system_prompt()}{dialogue}\nUser: Who employed Brio Tosk?\nAssistant:"
+    _, _, tokenizer = load_tiny(qa, tiny_model_dir)  # a chat template: the examples as earlier turns
+    chat = qa.format_prompt(tokenizer, "Who employed Brio Tosk?")
+    places = [chat.index(text) for q, episode in qa.EXAMPLES for text in (q, episode)] + [chat.index("Brio Tosk")]
+    assert places == sorted(places)
+
+
+def test_top_k_depends_on_the_device(qa):
+    assert qa.parse_args(["--device", "cpu"]).top_k == 1  # the 270M model reads the last passage it is shown
+    assert qa.parse_args(["--device", "cpu", "--top-k", "3"]).top_k == 3
+
+
+def test_eval_accuracy_counts_exact_answers_only(qa, monkeypatch):
+    """F1 credit is a training signal; the held-out accuracy is the share of exact answers."""
+    terms = {"correctness": torch.tensor([1.0, 0.25, 0.5, 0.0]), "format": torch.ones(4)}
+    played = SimpleNamespace(terms=terms, searches=torch.ones(4), answer_retrieved=torch.ones(4))
+    monkeypatch.setattr(qa, "rollout", lambda *a, **k: played)
+    args = SimpleNamespace(max_length=8, generation_batch_size=4, max_turns=3)
+    model = torch.nn.Linear(1, 1)
+    assert qa.evaluate(model, None, [], args, None, None)["eval/accuracy"] == 0.25
+
+
 # ---------------------------------------------------------------- the dense search tool as the rollout uses it
 
 def test_dense_search_tool_cuts_passages(qa, corpus, tmp_path):
@@ -356,7 +404,7 @@ def test_help_lists_the_search_options(qa):
     for option in ["--corpus-dir", "--retriever {dense,bm25}", "--top-k", "--passage-chars", "--max-turns",
                    "--device-index", "--reward-weights", "--kl-weight", "--resume", "--eval-interval"]:
         assert option in text, option
-    for default in ["(default: data/qa/corpus)", "(default: dense)", "(default: 3)", "(default: 300)",
+    for default in ["(default: data/qa/corpus)", "(default: dense)", "(default: 3 on CUDA, 1 on CPU)", "(default: 300)",
                     "correctness=1,format=0,retrieval=0.2,search_cost=-0.1", "(default: data/qa/questions.jsonl)"]:
         assert default in text, default
 
