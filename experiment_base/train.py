@@ -174,8 +174,8 @@ TASKS = {
                            "were a knave, her statement would be true, so she is a knight; then Ethan lies", "(1) Zoey is a knight (2) Ethan is a knave"),
     "count_words": Task("data/count_words.jsonl", "data/count_words_eval.jsonl", 'How many words are in this sentence: '
                         '"birds sing"?', "the words are 1 birds 2 sing", "2"),  # 2: no task's answer (3 to 8 words)
-    "sequence": Task("data/sequence.jsonl", "data/sequence_eval.jsonl", "What number comes next: 9, 16, 23, 30, ...?",
-                     "each number is 7 more than the one before; the last is 30, and 30 + 7 = 37", "37"),  # no task counts by 7
+    "sequence": Task("data/sequence.jsonl", "data/sequence_eval.jsonl", "What number comes next: 6, 12, 18, 24, ...?",
+                     "each number is 6 more than the one before; the last is 24, and 24 + 6 = 30", "30"),  # no task counts by 6
 }
 
 def system_prompt(reasoning_format="think"):

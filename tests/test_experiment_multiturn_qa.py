@@ -163,9 +163,12 @@ def test_prompt_plays_both_examples_then_the_question(qa, tiny_model_dir):
     assert places == sorted(places)
 
 
-def test_top_k_depends_on_the_device(qa):
-    assert qa.parse_args(["--device", "cpu"]).top_k == 1  # the 270M model reads the last passage it is shown
-    assert qa.parse_args(["--device", "cpu", "--top-k", "3"]).top_k == 3
+def test_top_k_and_temperature_depend_on_the_device(qa):
+    args = qa.parse_args(["--device", "cpu"])
+    assert (args.top_k, args.temperature) == (1, 0.7)  # the 270M model reads the last passage it is shown
+    args = qa.parse_args(["--device", "cpu", "--top-k", "3", "--temperature", "1"])
+    assert (args.top_k, args.temperature) == (3, 1.0)
+    assert qa.DEVICE_DEFAULTS["top_k"][0] == 3 and qa.DEVICE_DEFAULTS["temperature"][0] == 1.0  # CUDA
 
 
 def test_eval_accuracy_counts_exact_answers_only(qa, monkeypatch):
@@ -404,7 +407,7 @@ def test_help_lists_the_search_options(qa):
     for option in ["--corpus-dir", "--retriever {dense,bm25}", "--top-k", "--passage-chars", "--max-turns",
                    "--device-index", "--reward-weights", "--kl-weight", "--resume", "--eval-interval"]:
         assert option in text, option
-    for default in ["(default: data/qa/corpus)", "(default: dense)", "(default: 3 on CUDA, 1 on CPU)", "(default: 300)",
+    for default in ["(default: data/qa/corpus)", "(default: dense)", "(default: 3 on CUDA, 1 on CPU)", "(default: 1.0 on CUDA, 0.7 on CPU)", "(default: 300)",
                     "correctness=1,format=0,retrieval=0.2,search_cost=-0.1", "(default: data/qa/questions.jsonl)"]:
         assert default in text, default
 
