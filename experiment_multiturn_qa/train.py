@@ -4,7 +4,7 @@ The model answers questions about documents it has never seen (data/qa: invented
 It may search them (up to --max-turns times) before it answers. Generation pauses at a closed search call, the
 script retrieves the top-k passages and appends them, and generation resumes:
 
-    In which town was Grepeirk Gaepouv born?       the prompt (after the instructions and a worked example)
+    In which town was Grepeirk Gaepouv born?       the prompt (after the instructions and two examples)
     <search> Grepeirk Gaepouv </search>            turn 1, the model's: generation pauses at </search>
     <information>                                  the retriever's: the top-k passages, appended by the
     Doc 1 (person_0001#0):                         script, never trained on
@@ -21,7 +21,7 @@ The search tool's details are there too (parsing a call, cutting passages, the i
   configuration     parse_args: every option, with its default, in --help; --corpus-dir, --retriever, --top-k,
                     --passage-chars, --max-turns
   model             load_model: 4-bit NF4 + LoRA; pi_ref is the same model with the adapter off
-  prompts, rewards  a worked example in every prompt; r = sum_k w_k term_k: correctness (1; else token-F1 credit),
+  prompts, rewards  two worked examples in every prompt; r = sum_k w_k term_k: correctness (1; else token-F1 credit),
                     format (0), retrieval (0.2), search_cost (-0.1)
   rollout           G episodes per prompt, sampled from pi_old = softmax(logits / T): a closed search call pauses
                     one, the top-k passages are appended (action mask 0 on them: never trained on), and it resumes
@@ -197,8 +197,8 @@ def reference_policy(model, reference=None):
 
 # Two worked examples every prompt shows, as earlier exchanges: search the question, read the passage, answer.
 # They are written like the corpus (data/qa, whose names they do not use): Gemma-3-270M, untrained and given the
-# passage of a held-out question, copied the answer out of it in 0.4% of samples after the earlier one-line
-# example, in 17% after these two (experiment README).
+# passage of a held-out question, copied the answer out of it in 0.4% of samples at T 1 after the earlier one-line
+# example with three passages shown, in 17% after these two with one passage shown (experiment README).
 EXAMPLES = (
     ("What is the birthplace of Daulo Mirkens?",
      "<search> What is the birthplace of Daulo Mirkens? </search>\n<information>\nDoc 1 (person_9001#0):\n# Daulo Mirkens\n"
