@@ -8,6 +8,7 @@ import json
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -122,6 +123,69 @@ def project_steps(base, options, tasks, args):
             peaks.update(gpu_peaks(torch, "training"))
         steps.append({"seconds": time.perf_counter() - started, "sampling_seconds": sampled - started,
                       "tokens": int(result.action_mask.sum()), **peaks})
+    return steps
+
+
+def trl_steps(args, model, tokenizer, tasks, score, device, lr, beta, train_batch_size=None, generation_batch_size=None,
+              optim=None, bf16=False):
+    """TRL's GRPOTrainer on the same workload as project_steps: args.steps optimizer steps, each of args.prompts x
+    args.group_size completions of up to args.max_new_tokens tokens sampled at temperature 1 (generation_batch_size
+    at a time, default all), trained train_batch_size at a time (default all) in one update; LoRA r=args.lora_r,
+    alpha 2r, on every linear layer, gradient checkpointing, the GRPO loss with std-scaled group advantages. Per step:
+    seconds, sampling seconds, sampled tokens, and on CUDA the step's peak GPU memory, allocated and reserved.
+    optim: a transformers optimizer name (None: its default)."""
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    sequences = args.prompts * args.group_size
+    train_batch_size = train_batch_size or sequences
+    tokenizer.padding_side = "left"
+    dataset = Dataset.from_dict({"prompt": [t["prompt"] for t in tasks], "answer": [t["answer"] for t in tasks]})
+
+    def reward(prompts, completions, answer, **kwargs):
+        return score(completions, answer, [{}] * len(answer))[0].tolist()
+
+    steps, marks = [], {}
+    cuda = device.startswith("cuda")
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, *a, **k):
+            marks["start"] = time.perf_counter()
+
+        def on_step_end(self, *a, **k):
+            steps.append({"seconds": time.perf_counter() - marks["start"], "sampling_seconds": marks.pop("sampling", 0.0),
+                          "tokens": marks.pop("tokens", 0), **(gpu_peaks(torch, "step") if cuda else {})})
+
+    config = GRPOConfig(
+        output_dir=tempfile.mkdtemp(), max_steps=args.steps, learning_rate=lr, beta=beta,
+        per_device_train_batch_size=train_batch_size, gradient_accumulation_steps=sequences // train_batch_size,
+        num_generations=args.group_size, generation_batch_size=generation_batch_size or sequences, num_iterations=1,
+        max_completion_length=args.max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, loss_type="grpo",
+        scale_rewards="group", epsilon=0.2, gradient_checkpointing=True, use_cpu=not cuda, bf16=bf16,
+        logging_steps=1, report_to="none", save_strategy="no", shuffle_dataset=False, disable_dropout=True, seed=0,
+        **({"optim": optim} if optim else {}),
+    )
+    lora = LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, lora_dropout=0.0, target_modules="all-linear",
+                      task_type="CAUSAL_LM")
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset, processing_class=tokenizer,
+                          peft_config=lora, callbacks=[Timer()])
+    generate = trainer._generate_and_score_completions
+
+    def timed_generate(*a, **k):  # sampling and scoring, as the project's rollout
+        started = time.perf_counter()
+        out = generate(*a, **k)
+        marks["sampling"] = marks.get("sampling", 0.0) + time.perf_counter() - started
+        marks["tokens"] = marks.get("tokens", 0) + int(out["completion_mask"].sum())
+        return out
+
+    trainer._generate_and_score_completions = timed_generate
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    torch.manual_seed(0)
+    trainer.train()
     return steps
 
 

@@ -17,6 +17,11 @@ estimate's parts, scaled by how far the measurement was from it).
     python benchmarks/gpu_run.py --memory-cap-gb 8 --generation-batch-size 64 --train-batch-size 4
     python benchmarks/gpu_run.py --dry-run                  # the same code on the CPU: 2 layers, small sizes
 
+Then the same steps run through TRL's GRPOTrainer in the same process (the model loaded the same way, paged 8-bit
+AdamW, bf16, the same sizes, learning rate, beta and reward), and a table puts the two side by side: step seconds,
+sampled tokens per second, peak GPU memory, and their ratio. Out of memory under the cap is reported as TRL's
+result. --skip-trl runs experiment_base alone.
+
 Verified so far on the CPU only (--dry-run): no GPU was available where it was written.
 """
 
@@ -25,7 +30,7 @@ import tempfile
 from pathlib import Path
 
 import memory_estimate
-from common import ROOT, build_random_llama, load_experiment, project_steps, workload, write_json
+from common import ROOT, build_random_llama, load_experiment, project_steps, trl_steps, workload, write_json
 
 GB = 2**30
 CAPS_GB = (24, 16, 12, 8)
@@ -44,6 +49,7 @@ def parse_args(argv=None):
     p.add_argument("--memory-cap-gb", type=float, default=24.0, help="GPU memory this process may use (default: %(default)s)")
     p.add_argument("--dry-run", action="store_true", help="on the CPU, 2 layers, 2 prompts x 2 completions x 8 tokens: "
                    "the same code, for CI")
+    p.add_argument("--skip-trl", action="store_true", help="run experiment_base alone, not TRL's GRPOTrainer after it")
     p.add_argument("--json", type=Path, help="also write the steps, the estimate and the recommendation as JSON here")
     args = p.parse_args(argv)
     args.sizes = argparse.Namespace(**vars(args))  # the estimate and the recommendation: the sizes asked for
@@ -65,8 +71,8 @@ def cap_memory(torch, cap_gb):
     return properties.name, properties.total_memory / GB
 
 
-def run_steps(args, folder, device):
-    """experiment_base's steps on the random model in folder: the list of per-step figures."""
+def setup(args, folder, device):
+    """experiment_base, its options at the CUDA defaults for the sizes asked for, the tokenizer and the tasks."""
     base = load_experiment()
     options = base.parse_args(["--model-name", str(folder), "--device", device, "--quantization", "4bit",
                                "--dtype", "bfloat16", "--lora-r", str(args.lora_r), "--lora-alpha", str(2 * args.lora_r),
@@ -76,8 +82,46 @@ def run_steps(args, folder, device):
     workload_args = argparse.Namespace(model_name=str(folder), dtype="bfloat16", prompts=args.prompts, steps=args.steps,
                                        data_path=ROOT / "data" / "math_tasks.jsonl")
     tokenizer, tasks = workload(workload_args, base)[3:]
+    return base, options, tokenizer, tasks
+
+
+def run_steps(args, folder, device):
+    """experiment_base's steps on the random model in folder: the list of per-step figures, and the longest prompt."""
+    base, options, tokenizer, tasks = setup(args, folder, device)
     prompt_tokens = max(len(tokenizer(t["prompt"]).input_ids) for t in tasks)
     return project_steps(base, options, tasks, args), prompt_tokens
+
+
+def run_trl(args, folder, device):
+    """The same steps through TRL's GRPOTrainer: the model loaded as experiment_base's load_model loads it (4-bit NF4,
+    double quantization, bfloat16 compute), TRL's LoRA and gradient checkpointing, paged 8-bit AdamW and bf16 on
+    CUDA, the same prompts, sizes, learning rate, beta and reward. Out of memory under the cap is a result too."""
+    import gc
+
+    import torch
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    gc.collect()
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.empty_cache()
+    base, options, tokenizer, tasks = setup(args, folder, device)
+    quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                      bnb_4bit_compute_dtype=torch.bfloat16)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16, quantization_config=quantization,
+                                                     attn_implementation=base.attention_implementation(device),
+                                                     device_map={"": device})
+        return {"steps": trl_steps(args, model, tokenizer, tasks, base.Scorer(), device, options.lr, options.kl_weight,
+                                   args.train_batch_size, args.generation_batch_size,
+                                   optim="paged_adamw_8bit" if cuda else None, bf16=cuda)}
+    except torch.OutOfMemoryError as e:
+        return {"steps": [], "error": f"out of memory under the {args.memory_cap_gb:g} GB cap: {str(e).splitlines()[0]}"}
+
+
+def median_after_first(steps, key):
+    values = sorted(step[key] for step in (steps[1:] or steps))  # the first step is a warm-up
+    return values[len(values) // 2]
 
 
 def estimate(args, prompt_tokens, generation_batch_size, train_batch_size, parts):
@@ -103,6 +147,32 @@ def recommend(args, prompt_tokens, parts, scale):
     return table
 
 
+def print_side_by_side(steps, trl, cuda):
+    """experiment_base against TRL on the same steps: medians after the first step, and the ratio."""
+    print("\nThe same steps through TRL's GRPOTrainer:\n")
+    if not trl["steps"]:
+        print(f"TRL: {trl['error']}")
+        return
+    project = {"step_seconds": median_after_first(steps, "seconds"),
+               "sampling_seconds": median_after_first(steps, "sampling_seconds"),
+               "tokens_per_second": sum(s["tokens"] for s in steps) / sum(s["sampling_seconds"] for s in steps)}
+    theirs = {"step_seconds": median_after_first(trl["steps"], "seconds"),
+              "sampling_seconds": median_after_first(trl["steps"], "sampling_seconds"),
+              "tokens_per_second": sum(s["tokens"] for s in trl["steps"]) / sum(s["sampling_seconds"] for s in trl["steps"])}
+    rows = [("seconds per step (median)", "step_seconds", "{:.1f}"), ("  of which sampling", "sampling_seconds", "{:.1f}"),
+            ("sampled tokens per second", "tokens_per_second", "{:.0f}")]
+    if cuda:
+        project["peak_allocated_gb"] = max(max(s["sampling_allocated_gb"], s["training_allocated_gb"]) for s in steps)
+        project["peak_reserved_gb"] = max(max(s["sampling_reserved_gb"], s["training_reserved_gb"]) for s in steps)
+        theirs["peak_allocated_gb"] = max(s["step_allocated_gb"] for s in trl["steps"])
+        theirs["peak_reserved_gb"] = max(s["step_reserved_gb"] for s in trl["steps"])
+        rows += [("peak GPU GB, allocated", "peak_allocated_gb", "{:.2f}"), ("peak GPU GB, reserved", "peak_reserved_gb", "{:.2f}")]
+    print("| | experiment_base | TRL | experiment_base / TRL |\n| --- | --- | --- | --- |")
+    for label, key, fmt in rows:
+        print(f"| {label} | {fmt.format(project[key])} | {fmt.format(theirs[key])} | {project[key] / theirs[key]:.2f} |")
+    trl["summary"], trl["project_summary"] = theirs, project
+
+
 def main(argv=None):
     args = parse_args(argv)
     import torch
@@ -115,6 +185,7 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as folder:
         build_random_llama(folder, **layers)
         steps, prompt_tokens = run_steps(args, folder, "cuda:0" if cuda else "cpu")
+        trl = None if args.skip_trl else run_trl(args, folder, "cuda:0" if cuda else "cpu")
     parts = memory_estimate.measure(argparse.Namespace(tiny=args.dry_run, lora_r=args.lora_r, measure_tokens=64 if args.dry_run else 256))
     estimated = estimate(args, prompt_tokens, args.sizes.generation_batch_size, args.sizes.train_batch_size, parts)
     measured = steps[-1]
@@ -131,6 +202,8 @@ def main(argv=None):
         memory = [f"{s[f'{phase}_allocated_gb']:.2f} / {s[f'{phase}_reserved_gb']:.2f}" if cuda else "-" for phase in ("sampling", "training")]
         print(f"| {i} | {s['sampling_seconds']:.1f} | {s['seconds'] - s['sampling_seconds']:.1f} | "
               f"{s['tokens'] / s['sampling_seconds']:.0f} | {memory[0]} | {memory[1]} |")
+    if trl is not None:
+        print_side_by_side(steps, trl, cuda)
     print(f"\nmemory_estimate.py for {args.sizes.generation_batch_size} sequences sampled and {args.sizes.train_batch_size} "
           f"trained at once, {args.sizes.max_new_tokens}-token completions: sampling {estimated['sampling']:.2f} GB, training {estimated['training']:.2f} GB"
           + (f" (measured / estimated: {scale['sampling']:.2f}, {scale['training']:.2f})" if cuda else " (not measured: no GPU)"))
@@ -140,7 +213,7 @@ def main(argv=None):
     for cap, sizes in recommendation.items():
         print(f"| {cap} | {sizes['generation_batch_size']} | {sizes['train_batch_size']} |")
     write_json(args.json, {"settings": {k: str(v) for k, v in vars(args.sizes).items()}, "device": where, "steps": steps,
-                           "prompt_tokens": prompt_tokens, "estimate_gb": estimated, "measured_over_estimated": scale,
+                           "trl": trl, "prompt_tokens": prompt_tokens, "estimate_gb": estimated, "measured_over_estimated": scale,
                            "recommendation": {str(cap): sizes for cap, sizes in recommendation.items()}})
 
 

@@ -23,10 +23,9 @@ GPU peak when CUDA is present); then the ratios project / TRL.
 import json
 import statistics
 import sys
-import tempfile
-import time
 
-from common import check_steps, load_experiment, peak_memory, project_steps, run_alone, workload, workload_parser, write_json
+from common import (check_steps, load_experiment, peak_memory, project_steps, run_alone, trl_steps, workload,
+                    workload_parser, write_json)
 
 def parse_args(argv=None):
     p = workload_parser(__doc__, steps=4, only=["project", "trl"])
@@ -50,56 +49,12 @@ def run_project(args):
 
 
 def run_trl(args):
-    import torch
-    from datasets import Dataset
-    from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from transformers import AutoModelForCausalLM
 
     base = load_experiment()
     path, dtype, device, tokenizer, tasks = workload(args, base)
-    score = base.Scorer()
-    tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
-    dataset = Dataset.from_dict({"prompt": [t["prompt"] for t in tasks], "answer": [t["answer"] for t in tasks]})
-
-    def reward(prompts, completions, answer, **kwargs):
-        return score(completions, answer, [{}] * len(answer))[0].tolist()
-
-    steps, marks = [], {}
-
-    class Timer(TrainerCallback):
-        def on_step_begin(self, *a, **k):
-            marks["start"] = time.perf_counter()
-
-        def on_step_end(self, *a, **k):
-            steps.append({"seconds": time.perf_counter() - marks["start"], "sampling_seconds": marks.pop("sampling", 0.0),
-                          "tokens": marks.pop("tokens", 0)})
-
-    config = GRPOConfig(
-        output_dir=tempfile.mkdtemp(), max_steps=args.steps, learning_rate=args.lr, beta=args.kl_weight,
-        per_device_train_batch_size=args.prompts * args.group_size, num_generations=args.group_size,
-        gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1, max_completion_length=args.max_new_tokens,
-        temperature=1.0, top_k=0, top_p=1.0, loss_type="grpo", scale_rewards="group", epsilon=0.2,
-        gradient_checkpointing=True, use_cpu=device == "cpu", bf16=False, logging_steps=1, report_to="none",
-        save_strategy="no", shuffle_dataset=False, disable_dropout=True, seed=0,
-    )
-    lora = LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, lora_dropout=0.0, target_modules="all-linear",
-                      task_type="CAUSAL_LM")
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset, processing_class=tokenizer,
-                          peft_config=lora, callbacks=[Timer()])
-    generate = trainer._generate_and_score_completions
-
-    def timed_generate(*a, **k):  # sampling and scoring, as the project's rollout
-        started = time.perf_counter()
-        out = generate(*a, **k)
-        marks["sampling"] = marks.get("sampling", 0.0) + time.perf_counter() - started
-        marks["tokens"] = marks.get("tokens", 0) + int(out["completion_mask"].sum())
-        return out
-
-    trainer._generate_and_score_completions = timed_generate
-    torch.manual_seed(0)
-    trainer.train()
+    steps = trl_steps(args, model, tokenizer, tasks, base.Scorer(), device, args.lr, args.kl_weight)
     return {"steps": steps, **peak_memory(device)}
 
 

@@ -108,9 +108,13 @@ def test_plot_runs_compares_runs(tmp_path):
 
 def test_gpu_run_dry_run(tmp_path):
     """The GPU kit's code path on the CPU: experiment_base's steps on a 2-layer Llama-3.2-1B of random weights, which
-    never stops early (the worst case), and batch sizes that fit each cap, fewer for a smaller one."""
+    never stops early (the worst case), then TRL's GRPOTrainer on the same steps, and batch sizes that fit each cap,
+    fewer for a smaller one."""
     stdout, table = run_benchmark(tmp_path, "gpu_run.py", "--dry-run", "--steps", "2")
     assert [step["tokens"] for step in table["steps"]] == [2 * 2 * 8] * 2  # 2 prompts x 2 completions x 8 tokens
+    # the same steps through TRL's GRPOTrainer (4-bit model, same sizes), side by side
+    assert [step["tokens"] for step in table["trl"]["steps"]] == [2 * 2 * 8] * 2
+    assert "| seconds per step (median) |" in stdout and table["trl"]["summary"]["tokens_per_second"] > 0
     assert table["estimate_gb"]["sampling"] > 1 and table["estimate_gb"]["training"] > 1  # 256 x 1024 tokens, 16 trained
     sizes = [table["recommendation"][cap] for cap in ("24", "16", "12", "8")]
     for larger, smaller in zip(sizes, sizes[1:]):

@@ -288,7 +288,7 @@ def test_pi_old_is_the_sampling_policy_without_dropout(single, monkeypatch):
     model.eval()
     with torch.no_grad():
         extra = (action_mask,) if "multiturn" in module.__name__ else ()
-        expected = module.sequence_log_probs(model, ids, attention, 5, 1.0, *extra)[0]
+        expected = module.sequence_log_probs(model, ids, attention, 5, args.temperature, *extra)[0]
     model.train()
     seen, real = [], module.grpo_loss
 
