@@ -6,6 +6,7 @@ import argparse
 import importlib.util
 import json
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -124,6 +125,15 @@ def project_steps(base, options, tasks, args):
         steps.append({"seconds": time.perf_counter() - started, "sampling_seconds": sampled - started,
                       "tokens": int(result.action_mask.sum()), **peaks})
     return steps
+
+
+def step_summary(steps):
+    """Over the steps after the first (a warm-up; all of them if there is one): median seconds per step and of
+    sampling, and sampled tokens per second."""
+    measured = steps[1:] or steps
+    return {"step_seconds": statistics.median(s["seconds"] for s in measured),
+            "sampling_seconds": statistics.median(s["sampling_seconds"] for s in measured),
+            "tokens_per_second": sum(s["tokens"] for s in measured) / sum(s["sampling_seconds"] for s in measured)}
 
 
 def trl_steps(args, model, tokenizer, tasks, score, device, lr, beta, train_batch_size=None, generation_batch_size=None,

@@ -30,7 +30,8 @@ import tempfile
 from pathlib import Path
 
 import memory_estimate
-from common import ROOT, build_random_llama, load_experiment, project_steps, trl_steps, workload, write_json
+from common import (ROOT, build_random_llama, load_experiment, project_steps, step_summary, trl_steps, workload,
+                    write_json)
 
 GB = 2**30
 CAPS_GB = (24, 16, 12, 8)
@@ -119,11 +120,6 @@ def run_trl(args, folder, device):
         return {"steps": [], "error": f"out of memory under the {args.memory_cap_gb:g} GB cap: {str(e).splitlines()[0]}"}
 
 
-def median_after_first(steps, key):
-    values = sorted(step[key] for step in (steps[1:] or steps))  # the first step is a warm-up
-    return values[len(values) // 2]
-
-
 def estimate(args, prompt_tokens, generation_batch_size, train_batch_size, parts):
     """memory_estimate.py's peaks (GB) of sampling and of training for these batch sizes, with the completion budget
     asked for (--dry-run runs 8 tokens, but estimates the run it stands for) and prompts of at least 160 tokens (a
@@ -147,30 +143,30 @@ def recommend(args, prompt_tokens, parts, scale):
     return table
 
 
-def print_side_by_side(steps, trl, cuda):
-    """experiment_base against TRL on the same steps: medians after the first step, and the ratio."""
+def side_by_side(steps, trl_result, cuda):
+    """experiment_base and TRL on the same steps: {"experiment_base": {...}, "TRL": {...}} of step_summary's figures
+    and, on CUDA, each side's peak GPU memory over its steps, allocated and reserved."""
+    sides = {"experiment_base": step_summary(steps), "TRL": step_summary(trl_result["steps"])}
+    def peak(steps, phases, kind):
+        return max(step[f"{phase}_{kind}_gb"] for step in steps for phase in phases)
+
+    if cuda:  # TRL samples within its optimizer step (256 of 512 at a time), so its peaks are per step
+        for kind in ("allocated", "reserved"):
+            sides["experiment_base"][f"peak_{kind}_gb"] = peak(steps, ("sampling", "training"), kind)
+            sides["TRL"][f"peak_{kind}_gb"] = peak(trl_result["steps"], ("step",), kind)
+    return sides
+
+
+def print_side_by_side(sides):
     print("\nThe same steps through TRL's GRPOTrainer:\n")
-    if not trl["steps"]:
-        print(f"TRL: {trl['error']}")
-        return
-    project = {"step_seconds": median_after_first(steps, "seconds"),
-               "sampling_seconds": median_after_first(steps, "sampling_seconds"),
-               "tokens_per_second": sum(s["tokens"] for s in steps) / sum(s["sampling_seconds"] for s in steps)}
-    theirs = {"step_seconds": median_after_first(trl["steps"], "seconds"),
-              "sampling_seconds": median_after_first(trl["steps"], "sampling_seconds"),
-              "tokens_per_second": sum(s["tokens"] for s in trl["steps"]) / sum(s["sampling_seconds"] for s in trl["steps"])}
     rows = [("seconds per step (median)", "step_seconds", "{:.1f}"), ("  of which sampling", "sampling_seconds", "{:.1f}"),
-            ("sampled tokens per second", "tokens_per_second", "{:.0f}")]
-    if cuda:
-        project["peak_allocated_gb"] = max(max(s["sampling_allocated_gb"], s["training_allocated_gb"]) for s in steps)
-        project["peak_reserved_gb"] = max(max(s["sampling_reserved_gb"], s["training_reserved_gb"]) for s in steps)
-        theirs["peak_allocated_gb"] = max(s["step_allocated_gb"] for s in trl["steps"])
-        theirs["peak_reserved_gb"] = max(s["step_reserved_gb"] for s in trl["steps"])
-        rows += [("peak GPU GB, allocated", "peak_allocated_gb", "{:.2f}"), ("peak GPU GB, reserved", "peak_reserved_gb", "{:.2f}")]
+            ("sampled tokens per second", "tokens_per_second", "{:.0f}"),
+            ("peak GPU GB, allocated", "peak_allocated_gb", "{:.2f}"), ("peak GPU GB, reserved", "peak_reserved_gb", "{:.2f}")]
+    ours, theirs = sides["experiment_base"], sides["TRL"]
     print("| | experiment_base | TRL | experiment_base / TRL |\n| --- | --- | --- | --- |")
     for label, key, fmt in rows:
-        print(f"| {label} | {fmt.format(project[key])} | {fmt.format(theirs[key])} | {project[key] / theirs[key]:.2f} |")
-    trl["summary"], trl["project_summary"] = theirs, project
+        if key in ours:
+            print(f"| {label} | {fmt.format(ours[key])} | {fmt.format(theirs[key])} | {ours[key] / theirs[key]:.2f} |")
 
 
 def main(argv=None):
@@ -202,8 +198,11 @@ def main(argv=None):
         memory = [f"{s[f'{phase}_allocated_gb']:.2f} / {s[f'{phase}_reserved_gb']:.2f}" if cuda else "-" for phase in ("sampling", "training")]
         print(f"| {i} | {s['sampling_seconds']:.1f} | {s['seconds'] - s['sampling_seconds']:.1f} | "
               f"{s['tokens'] / s['sampling_seconds']:.0f} | {memory[0]} | {memory[1]} |")
-    if trl is not None:
-        print_side_by_side(steps, trl, cuda)
+    if trl is not None and trl["steps"]:
+        trl["side_by_side"] = side_by_side(steps, trl, cuda)
+        print_side_by_side(trl["side_by_side"])
+    elif trl is not None:
+        print(f"\nTRL's GRPOTrainer on the same steps: {trl['error']}")
     print(f"\nmemory_estimate.py for {args.sizes.generation_batch_size} sequences sampled and {args.sizes.train_batch_size} "
           f"trained at once, {args.sizes.max_new_tokens}-token completions: sampling {estimated['sampling']:.2f} GB, training {estimated['training']:.2f} GB"
           + (f" (measured / estimated: {scale['sampling']:.2f}, {scale['training']:.2f})" if cuda else " (not measured: no GPU)"))

@@ -21,11 +21,10 @@ GPU peak when CUDA is present); then the ratios project / TRL.
 """
 
 import json
-import statistics
 import sys
 
-from common import (check_steps, load_experiment, peak_memory, project_steps, run_alone, trl_steps, workload,
-                    workload_parser, write_json)
+from common import (check_steps, load_experiment, peak_memory, project_steps, run_alone, step_summary, trl_steps,
+                    workload, workload_parser, write_json)
 
 def parse_args(argv=None):
     p = workload_parser(__doc__, steps=4, only=["project", "trl"])
@@ -59,14 +58,7 @@ def run_trl(args):
 
 
 def summarise(result):
-    measured = result["steps"][1:]  # the first step is a warm-up
-    return {
-        "step_seconds": statistics.median(s["seconds"] for s in measured),
-        "sampling_seconds": statistics.median(s["sampling_seconds"] for s in measured),
-        "tokens_per_second": sum(s["tokens"] for s in measured) / sum(s["sampling_seconds"] for s in measured),
-        **{k: v for k, v in result.items() if k != "steps"},
-        "steps": result["steps"],
-    }
+    return {**step_summary(result["steps"]), **{k: v for k, v in result.items() if k != "steps"}, "steps": result["steps"]}
 
 
 def main(argv=None):

@@ -114,7 +114,7 @@ def test_gpu_run_dry_run(tmp_path):
     assert [step["tokens"] for step in table["steps"]] == [2 * 2 * 8] * 2  # 2 prompts x 2 completions x 8 tokens
     # the same steps through TRL's GRPOTrainer (4-bit model, same sizes), side by side
     assert [step["tokens"] for step in table["trl"]["steps"]] == [2 * 2 * 8] * 2
-    assert "| seconds per step (median) |" in stdout and table["trl"]["summary"]["tokens_per_second"] > 0
+    assert "| seconds per step (median) |" in stdout and table["trl"]["side_by_side"]["TRL"]["tokens_per_second"] > 0
     assert table["estimate_gb"]["sampling"] > 1 and table["estimate_gb"]["training"] > 1  # 256 x 1024 tokens, 16 trained
     sizes = [table["recommendation"][cap] for cap in ("24", "16", "12", "8")]
     for larger, smaller in zip(sizes, sizes[1:]):
