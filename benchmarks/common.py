@@ -5,6 +5,8 @@ experiments through load_experiment too."""
 import argparse
 import importlib.util
 import json
+import os
+import platform
 import resource
 import statistics
 import subprocess
@@ -86,6 +88,12 @@ def workload(args, base):
     for task in tasks:
         task["prompt"] = base.format_prompt(tokenizer, task["question"])
     return path, dtype, device, tokenizer, tasks
+
+
+def resolved_dtype(args):
+    """The dtype workload() gives both sides for args.dtype on this machine (auto: bfloat16 where the CPU has it)."""
+    base = load_experiment()
+    return base.resolve_dtype(args.dtype, "cuda" if base.torch.cuda.is_available() else "cpu")
 
 
 def peak_memory(device):
@@ -217,11 +225,39 @@ def run_alone(script, only, argv):
     return json.loads(lines[-1][len("RESULT "):])
 
 
-def write_json(path, results):
+def machine(dtype):
+    """Where a figure was measured, printed as one line and returned as a dict: the CPU model, its cores, whether it
+    has AVX512-BF16 (without it bfloat16 matmuls are emulated, and experiment_base's --dtype auto picks float32) and
+    AMX, and the dtype the benchmark used. A figure means little without them: the same run differs by CPU."""
+    fields = {}  # the first processor's "model name" and "flags"
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:  # not Linux: the model from platform, the flags unknown
+        pass
+    flags = set(fields.get("flags", "").split())
+    info = {"cpu": fields.get("model name") or platform.processor() or platform.machine(), "cores": os.cpu_count(), "avx512_bf16": "avx512_bf16" in flags, "amx_bf16": "amx_bf16" in flags,
+            "dtype": str(dtype).removeprefix("torch.")}
+    print(f"machine: {info['cpu']}, {info['cores']} cores, AVX512-BF16 {'yes' if info['avx512_bf16'] else 'no'}, "
+          f"AMX-BF16 {'yes' if info['amx_bf16'] else 'no'}; dtype {info['dtype']}", flush=True)
+    return info
+
+
+def write_json(path, results, where):
+    """Write results, with `where` (machine()'s dict) under "machine", as JSON to path (nothing when path is None)."""
     if path:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(results, indent=2))
+        path.write_text(json.dumps({**results, "machine": where}, indent=2))
         print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":  # .ci/run prints where the tests run: python benchmarks/common.py
+    import torch
+
+    machine("float32 and bfloat16 (tests); experiment_base's --dtype auto picks "
+            + ("bfloat16" if torch.cpu._is_avx512_bf16_supported() else "float32") + " on this CPU")
 
 
 def scalars(log_dir):

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 import torch
-from common import load_experiment
+from common import load_experiment, machine, write_json
 
 TASKS = list(load_experiment().TASKS)  # experiment_base's --task choices
 
@@ -31,7 +31,8 @@ TASKS = list(load_experiment().TASKS)  # experiment_base's --task choices
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-name", default="packaged:gemma-3-270m", help="model (default: %(default)s)")
-    p.add_argument("--checkpoint", type=Path, help="a step_N folder written by experiment_base (its LoRA adapter is loaded)")
+    p.add_argument("--checkpoint", type=Path, help="a step_N folder written by experiment_base, or its run folder (the "
+                   "newest step_N in it): its LoRA adapter is loaded, built as its adapter_config.json says")
     p.add_argument("--tasks", nargs="+", choices=TASKS, default=TASKS, help="tasks (default: all)")
     p.add_argument("--eval-prompts", type=int, default=100, help="held-out problems per task (default: %(default)s)")
     p.add_argument("--max-length", type=int, default=256, help="completion budget in tokens (default: %(default)s)")
@@ -58,7 +59,31 @@ def parse_args(argv=None):
     unknown = set(args.data) - set(TASKS)
     if unknown:
         p.error(f"--data: unknown task {sorted(unknown)} (tasks: {', '.join(TASKS)})")
+    args.lora_options = []
+    if args.checkpoint:  # checked before the model loads; the adapter is built with the rank and scale it was trained with
+        args.checkpoint, args.lora_options = checked_checkpoint(p, args.checkpoint)
     return args
+
+
+def checked_checkpoint(parser, path):
+    """(the step_N folder to load, experiment_base's LoRA options for it); a run folder gives its newest step."""
+    if not path.is_dir():
+        parser.error(f"--checkpoint {path}: no such folder")
+    if not (path / "adapter_model.safetensors").is_file():
+        steps = load_experiment().checkpoints_in(path)
+        if not steps:
+            parser.error(f"--checkpoint {path}: neither a checkpoint (adapter_model.safetensors, adapter_config.json) "
+                         "nor a run folder holding step_N checkpoints")
+        path = steps[-1]
+        print(f"--checkpoint: the newest checkpoint of that run, {path.name}")
+    try:
+        config = json.loads((path / "adapter_config.json").read_text())
+        options = ["--lora-r", str(int(config["r"])), "--lora-alpha", str(int(config["lora_alpha"]))]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        parser.error(f"--checkpoint {path}: its adapter_config.json does not say the adapter's r and lora_alpha ({e})")
+    if not (path / "adapter_model.safetensors").is_file():
+        parser.error(f"--checkpoint {path}: no adapter_model.safetensors in it")
+    return path, options
 
 
 @torch.no_grad()
@@ -80,7 +105,7 @@ def main(argv=None):
     for task in args.tasks:
         options = base.parse_args(["--model-name", args.model_name, "--task", task, "--eval-prompts", str(args.eval_prompts),
                                    "--max-length", str(args.max_length), "--dtype", args.dtype,
-                                   "--generation-batch-size", str(args.generation_batch_size)])
+                                   "--generation-batch-size", str(args.generation_batch_size), *args.lora_options])
         path = args.data.get(task, options.eval_data_path)
         if not Path(path).is_file():
             results[task] = {"missing": path}
@@ -111,9 +136,7 @@ def main(argv=None):
         else:
             row = f"| {task} | {r['problems']} | {r['eval/accuracy']:.0%} | {r['eval/format_rate']:.0%} |"
             print(row + (f" {r['sample_accuracy']:.1%} | {r[f'pass@{k}']:.0%} |" if k else ""))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2))
+    write_json(args.json, results, machine(base.resolve_dtype(args.dtype, "cuda" if torch.cuda.is_available() else "cpu")))
 
 
 if __name__ == "__main__":

@@ -2,31 +2,36 @@
 
 Runs experiment_base/train.py with its CPU defaults on --task (by default sequence, experiment_base's CPU
 default: "What number comes next: 15, 20, 25, 30, ...?"; math keeps the rows with two terms of two digits
-and + or -), evaluates greedy accuracy and format rate on held-out problems before training and every
---eval-interval steps, then samples one completion for each of 20 held-out
-problems with the trained adapter, prints a before/after table and writes OUT/learning.json and the
-curves as OUT/learning.png:
+and + or -) once per seed, evaluates greedy accuracy and format rate on held-out problems before training and
+every --eval-interval steps, then samples one completion for each of --samples held-out problems with each
+trained adapter, prints a table per seed and the gain's min / median / max over the seeds, and writes
+OUT/learning.json and the curves as OUT/learning.png:
 
-    {"before": {"accuracy", "format_rate"}, "after": {...}, "minutes", "task", "steps", "samples", "curves", ...}
+    {"runs": [{"seed", "before": {"accuracy", "format_rate"}, "after", "gain", "minutes", "curves", "samples",
+               "reasoning"}, ...], "summary": {"gain": {"min", "median", "max"}, ...}, "task", "steps", "machine"}
 
-    python benchmarks/learning.py                          # about half an hour on a 2-core CPU
+    python benchmarks/learning.py                          # one seed: about half an hour on a 2-core CPU with bf16
+    python benchmarks/learning.py --seeds 3                # seeds 42, 43, 44, and the gain over them
     python benchmarks/learning.py --task count_words       # learns a constant: see the README
-    python benchmarks/learning.py -- --lr 5e-5             # anything after -- goes to train.py
+    python benchmarks/learning.py -- --lr 5e-5 --dtype float32   # anything after -- goes to train.py
 
 Accuracy is the figure that counts, and the sampled completions say whether it is real: format
 compliance alone can be won without learning anything, and so can accuracy, by a constant answer (the
-README's count_words run). The minutes are the whole run's wall time, the model loading and every
-evaluation included.
+README's count_words run). On --task sequence the samples are also read by `faithful`, a checker of this
+benchmark's own (no reward sees it): of the right answers, the share whose reasoning states the true step and
+a true last addition. The minutes are each run's wall time, the model loading and every evaluation included.
 """
 
 import argparse
 import json
+import re
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from common import ROOT, load_experiment, scalars
+from common import ROOT, load_experiment, machine, scalars
 
 TASKS = list(load_experiment().TASKS)  # experiment_base's --task choices
 FILTERS = {"math": ["--filter", "num_terms=2", "--filter", "num_digits=2", "--filter", "ops=+,-"]}  # before yours
@@ -38,47 +43,63 @@ def parse_args(argv=None):
     p.add_argument("--task", choices=TASKS, default="sequence", help="experiment_base's --task (its CPU default is sequence); math keeps its two-term two-digit +/- rows "
                    "(a --filter of yours after -- replaces one on the same field) (default: %(default)s)")
     p.add_argument("--steps", type=int, default=40, help="training steps (default: %(default)s)")
-    p.add_argument("--samples", type=int, default=20, help="held-out problems to sample one completion each for at the "
+    p.add_argument("--samples", type=int, default=100, help="held-out problems to sample one completion each for at the "
                    "end, at the training temperature (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=42, help="the first seed, train.py's --seed (default: %(default)s)")
+    p.add_argument("--seeds", type=int, default=1, help="runs, with seeds --seed, --seed + 1, ... (default: %(default)s)")
     p.add_argument("--eval-prompts", type=int, default=100, help="held-out problems per evaluation (default: %(default)s)")
     p.add_argument("--eval-interval", type=int, default=10, help="evaluate every N steps (default: %(default)s)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="output folder (default: benchmarks/results)")
     p.add_argument("--run-name", default=None, help="run name (default: learning-<time>)")
     p.add_argument("train_args", nargs="*", help="extra options for experiment_base/train.py, after --")
     args = p.parse_args(argv)
-    if min(args.steps, args.eval_prompts, args.eval_interval) < 1 or args.samples < 0:
-        p.error("--steps, --eval-prompts and --eval-interval must be at least 1, --samples at least 0")
+    if min(args.steps, args.eval_prompts, args.eval_interval, args.seeds) < 1 or args.samples < 0:
+        p.error("--steps, --eval-prompts, --eval-interval and --seeds must be at least 1, --samples at least 0")
+    if any(option == "--seed" or option.startswith("--seed=") for option in args.train_args):
+        p.error("give the seed as learning.py's --seed (before --), so that each run of --seeds gets its own")
     return args
 
 
-def plot(curves, path, title):
+def plot(runs, path, title):
+    """Training reward and held-out accuracy over the steps, one line per seed."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     figure, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
-    for tag, label in [("rollout/reward_mean", "reward (mean)"), ("rollout/format_rate", "format rate"),
-                       ("rollout/accuracy", "accuracy")]:
-        steps, values = zip(*curves[tag])
-        top.plot(steps, values, label=label)
-    top.set_ylabel("training rollouts")
-    top.legend()
-    top.grid(alpha=0.3)
-    for tag, label in [("eval/accuracy", "held-out greedy accuracy"), ("eval/format_rate", "held-out format rate")]:
-        steps, values = zip(*curves[tag])
-        bottom.plot(steps, values, marker="o", label=label)
+    for run in runs:
+        steps, values = zip(*run["curves"]["rollout/reward_mean"])
+        top.plot(steps, values, label=f"seed {run['seed']}")
+        steps, values = zip(*run["curves"]["eval/accuracy"])
+        bottom.plot(steps, values, marker="o", label=f"seed {run['seed']}")
+    top.set_ylabel("training reward (mean)")
+    bottom.set_ylabel("held-out greedy accuracy")
     bottom.set_xlabel("step")
-    bottom.set_ylabel("held out")
     bottom.set_ylim(-0.02, 1.02)
-    bottom.legend()
-    bottom.grid(alpha=0.3)
+    for axes in (top, bottom):
+        axes.legend()
+        axes.grid(alpha=0.3)
     figure.suptitle(title)
     figure.tight_layout()
     figure.savefig(path, dpi=100)
 
 
-def sample_at_end(args, checkpoint, train_args):
+def faithful(question, completion):
+    """On --task sequence: does the reasoning state the true step ("each number is 7 more") and a true last addition
+    (last term + step = the next, in either order)? The reward never sees this; it says whether right answers
+    come with right reasons."""
+    terms = [int(t) for t in re.findall(r"-?\d+", question.split(":", 1)[-1])]
+    step, last = terms[1] - terms[0], terms[-1]
+    reasoning = completion.split("</think>")[0]
+    steps_said = [int(n) for n in re.findall(r"(-?\d+) more than", reasoning)]
+    sums = re.findall(r"(-?\d+)\s*\+\s*(-?\d+)\s*=\s*(-?\d+)", reasoning)
+    last_sum = sums[-1] if sums else None
+    return (steps_said[-1:] == [step] and last_sum is not None and sorted(map(int, last_sum[:2])) == sorted([last, step])
+            and int(last_sum[2]) == last + step)
+
+
+def sample_at_end(args, checkpoint, train_args, seed):
     """One completion, sampled as in training, for each of the first --samples held-out problems, with the adapter
     of `checkpoint`: [{"question", "answer", "completion", "correct"}]. Read them: a right answer copied from the
     prompt or from the worked example is no answer."""
@@ -87,7 +108,8 @@ def sample_at_end(args, checkpoint, train_args):
     from safetensors.torch import load_file
 
     base = load_experiment()
-    options = base.parse_args(["--model-name", args.model_name, "--task", args.task, *FILTERS.get(args.task, []), *train_args])
+    options = base.parse_args(["--model-name", args.model_name, "--task", args.task, "--seed", str(seed),
+                               *FILTERS.get(args.task, []), *train_args])
     tasks = base.load_tasks(options.eval_data_path, options.prompt_key, options.answer_key, options.filter, args.samples)
     model, tokenizer = base.load_model(options)
     set_peft_model_state_dict(model, load_file(checkpoint / "adapter_model.safetensors"))
@@ -101,16 +123,14 @@ def sample_at_end(args, checkpoint, train_args):
             for t, c, right in zip(tasks, result.completions, result.terms["correctness"].tolist())]
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    run_name = args.run_name or f"learning-{time.strftime('%Y%m%d-%H%M%S')}"
-    args.out.mkdir(parents=True, exist_ok=True)
+def train(args, seed, run_name):
+    """One run of experiment_base/train.py with this seed: its figures, curves and samples."""
     log_dir, checkpoints = args.out / "runs", args.out / "checkpoints"
     command = [sys.executable, str(ROOT / "experiment_base" / "train.py"), "--model-name", args.model_name,
                "--task", args.task, "--max-steps", str(args.steps), "--eval-interval", str(args.eval_interval),
-               "--eval-prompts", str(args.eval_prompts), "--run-name", run_name, "--log-dir", str(log_dir),
-               "--checkpoint-path", str(checkpoints), "--checkpoint-interval", "0", "--keep-checkpoints", "1",
-               *FILTERS.get(args.task, []), *args.train_args]
+               "--eval-prompts", str(args.eval_prompts), "--seed", str(seed), "--run-name", run_name,
+               "--log-dir", str(log_dir), "--checkpoint-path", str(checkpoints), "--checkpoint-interval", "0",
+               "--keep-checkpoints", "1", *FILTERS.get(args.task, []), *args.train_args]
     print(" ".join(command), flush=True)
     started = time.perf_counter()
     if subprocess.run(command).returncode != 0:
@@ -120,25 +140,56 @@ def main(argv=None):
     first, last = (lambda tag: curves[tag][0][1]), (lambda tag: curves[tag][-1][1])
     before = {"accuracy": first("eval/accuracy"), "format_rate": first("eval/format_rate")}
     after = {"accuracy": last("eval/accuracy"), "format_rate": last("eval/format_rate")}
-    samples = sample_at_end(args, checkpoints / run_name / f"step_{args.steps:06d}", args.train_args) if args.samples else []
-    result = {
-        "before": before, "after": after, "minutes": minutes, "task": args.task, "steps": args.steps,
-        "model": args.model_name, "eval_prompts": args.eval_prompts, "samples": samples, "curves": curves,
-        "command": command,
-    }
-    png, figures = args.out / "learning.png", args.out / "learning.json"
-    plot(curves, png, f"experiment_base, {args.model_name}, --task {args.task}, {minutes:.0f} min on CPU")
-    figures.write_text(json.dumps(result, indent=2))
-    print(f"\n{args.steps} steps in {minutes:.1f} minutes (training only: the samples below came after); "
-          f"{args.eval_prompts} held-out problems, greedy\n")
-    print("| held out | before | after |\n| --- | --- | --- |")
-    print(f"| accuracy | {before['accuracy']:.0%} | {after['accuracy']:.0%} |\n"
-          f"| format rate | {before['format_rate']:.0%} | {after['format_rate']:.0%} |")
-    if samples:
-        print(f"\n{len(samples)} held-out problems, one completion each sampled with the trained adapter "
-              f"({sum(s['correct'] for s in samples)} right):")
+    checkpoint = checkpoints / run_name / f"step_{args.steps:06d}"
+    samples = sample_at_end(args, checkpoint, args.train_args, seed) if args.samples else []
+    right = [s for s in samples if s["correct"]]
+    reasoning = None
+    if args.task == "sequence" and samples:
         for s in samples:
-            print(f"  [{'right' if s['correct'] else 'wrong'}] answer {s['answer']}: {s['completion']!r}")
+            s["faithful"] = faithful(s["question"], s["completion"])
+        reasoning = {"right": len(right), "faithful": sum(s["faithful"] for s in right),
+                     "share": sum(s["faithful"] for s in right) / len(right) if right else None}
+    return {"seed": seed, "before": before, "after": after, "gain": after["accuracy"] - before["accuracy"],
+            "minutes": minutes, "samples": samples, "reasoning": reasoning, "curves": curves, "command": command}
+
+
+def spread(values):
+    values = [v for v in values if v is not None]
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)} if values else None
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    run_name = args.run_name or f"learning-{time.strftime('%Y%m%d-%H%M%S')}"
+    args.out.mkdir(parents=True, exist_ok=True)
+    base = load_experiment()
+    dtype = base.parse_args(["--model-name", args.model_name, *args.train_args]).dtype  # --dtype after --, else auto
+    where = machine(base.resolve_dtype(dtype, "cuda" if base.torch.cuda.is_available() else "cpu"))
+    seeds = range(args.seed, args.seed + args.seeds)
+    runs = [train(args, seed, f"{run_name}-seed{seed}" if args.seeds > 1 else run_name) for seed in seeds]
+    summary = {"gain": spread([r["gain"] for r in runs]), "minutes": spread([r["minutes"] for r in runs]),
+               "faithful_share": spread([(r["reasoning"] or {}).get("share") for r in runs])}
+    result = {"task": args.task, "steps": args.steps, "model": args.model_name, "eval_prompts": args.eval_prompts,
+              "machine": where, "summary": summary, "runs": runs}
+    png, figures = args.out / "learning.png", args.out / "learning.json"
+    plot(runs, png, f"experiment_base, --task {args.task}, {len(runs)} seed(s), on {where['cpu']} "
+                    f"({where['cores']} cores, {where['dtype']})")
+    figures.write_text(json.dumps(result, indent=2))
+    print(f"\n{args.steps} steps, {args.eval_prompts} held-out problems, greedy; on {where['cpu']}, {where['dtype']}\n")
+    print("| seed | accuracy before | after | gain | format rate before | after | minutes | right answers with faithful reasoning |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in runs:
+        why = f"{r['reasoning']['faithful']} of {r['reasoning']['right']}" if r["reasoning"] else "-"
+        print(f"| {r['seed']} | {r['before']['accuracy']:.0%} | {r['after']['accuracy']:.0%} | {r['gain']:+.0%} | "
+              f"{r['before']['format_rate']:.0%} | {r['after']['format_rate']:.0%} | {r['minutes']:.1f} | {why} |")
+    gain = summary["gain"]
+    print(f"\ngain over {len(runs)} seed(s): min {gain['min']:+.0%}, median {gain['median']:+.0%}, max {gain['max']:+.0%}")
+    for r in runs:
+        if r["samples"]:
+            print(f"\nseed {r['seed']}: {len(r['samples'])} held-out problems, one completion each sampled with the trained "
+                  f"adapter ({sum(s['correct'] for s in r['samples'])} right); the first five:")
+            for s in r["samples"][:5]:
+                print(f"  [{'right' if s['correct'] else 'wrong'}] answer {s['answer']}: {s['completion']!r}")
     print(f"\nwrote {png} and {figures}")
 
 

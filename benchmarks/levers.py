@@ -24,7 +24,8 @@ import resource
 import statistics
 import sys
 
-from common import check_steps, load_experiment, project_steps, run_alone, workload, workload_parser, write_json
+from common import (check_steps, load_experiment, machine, project_steps, resolved_dtype, run_alone, workload,
+                    workload_parser, write_json)
 
 CONFIGS = ["default", "fp32", "multinomial", "hf_prefill", "full_logits", "no_checkpointing", "kl"]
 
@@ -99,7 +100,7 @@ def main(argv=None):
     for config, r in results.items():
         step = r["sampling_seconds"] + r["training_seconds"]
         print(f"| {config} | {r['sampling_seconds']:.2f} | {r['training_seconds']:.2f} | {step:.2f} | {r['peak_rss_gb']:.2f} |")
-    write_json(args.json, results)
+    write_json(args.json, results, machine(f"{resolved_dtype(args)} (fp32: float32)"))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from common import LLAMA_3_2_1B, build_random_llama, load_experiment, write_json
+from common import LLAMA_3_2_1B, build_random_llama, load_experiment, machine, write_json
 
 GB = 2**30
 
@@ -41,7 +41,14 @@ def parse_args(argv=None):
     p.add_argument("--measure-tokens", type=int, default=256, help="tokens of the CPU measurements (default: %(default)s)")
     p.add_argument("--tiny", action="store_true", help="2 layers instead of 16 (the per-layer parts scale)")
     p.add_argument("--json", type=Path, help="also write the parts and totals as JSON here")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    for name in ("group_size", "generation_batch_size", "train_batch_size", "prompt_length", "max_length", "lora_r",
+                 "measure_tokens"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.measure_tokens < 2:  # half of them are the completion whose log-probs are measured
+        p.error(f"--measure-tokens must be at least 2, got {args.measure_tokens}")
+    return args
 
 
 def saved_bytes(function):
@@ -139,7 +146,8 @@ def main(argv=None):
         for name, value in items.items():
             print(f"| {name} | {value / GB:.2f} |")
         print(f"| **peak, {phase}** | **{sum(items.values()) / GB:.2f}** |\n")
-    write_json(args.json, {"parts": parts, "phases_gb": {p: {k: v / GB for k, v in i.items()} for p, i in phases.items()}})
+    write_json(args.json, {"parts": parts, "phases_gb": {p: {k: v / GB for k, v in i.items()} for p, i in phases.items()}},
+               machine("bfloat16 (the CUDA default it estimates)"))
 
 
 if __name__ == "__main__":

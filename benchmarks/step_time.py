@@ -23,8 +23,9 @@ GPU peak when CUDA is present); then the ratios project / TRL.
 import json
 import sys
 
-from common import (check_steps, load_experiment, peak_memory, project_steps, run_alone, step_summary, trl_steps,
-                    workload, workload_parser, write_json)
+from common import (check_steps, load_experiment, machine, peak_memory, project_steps, resolved_dtype, run_alone,
+                    step_summary, trl_steps, workload, workload_parser, write_json)
+
 
 def parse_args(argv=None):
     p = workload_parser(__doc__, steps=4, only=["project", "trl"])
@@ -84,7 +85,7 @@ def main(argv=None):
         print(f"| {label:28s} | {fmt.format(project[key]):>8s} | {fmt.format(trl[key]):>8s} | {project[key] / trl[key]:>13.2f} |")
     results["settings"] = {k: str(v) for k, v in vars(args).items()}
     results["ratios"] = {key: project[key] / trl[key] for _, key, _ in rows}
-    write_json(args.json, results)
+    write_json(args.json, results, machine(resolved_dtype(args)))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,9 @@ import argparse
 import json
 import re
 import signal
+import socket
 import sys
+import threading
 import time
 from fractions import Fraction
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -58,8 +60,8 @@ def check_request(body):
     """JSON bytes -> (completions, answers, metadata); raises BadRequest naming what is wrong."""
     try:
         request = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BadRequest(f"the body is not valid JSON: {e}")
+    except (ValueError, UnicodeDecodeError) as e:  # a ValueError also for an integer of more than 4,300 digits
+        raise BadRequest(f"the body is not valid JSON: {str(e)[:200]}")
     except RecursionError:
         raise BadRequest("the body is nested too deeply")
     if not isinstance(request, dict):
@@ -87,7 +89,7 @@ def check_request(body):
 class RewardHandler(BaseHTTPRequestHandler):
     delay = 0.0  # seconds to wait before answering /reward; set from --delay
     quiet = False  # True: no line per request on stderr
-    timeout = 10.0  # seconds a client may leave the socket silent before it is dropped; set from --client-timeout
+    timeout = 10.0  # seconds a client has to send its whole request before it is dropped; set from --client-timeout
 
     def log_message(self, format, *args):
         if not self.quiet:
@@ -101,7 +103,23 @@ class RewardHandler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def setup(self):
+        super().setup()  # the socket's timeout bounds each read; this deadline bounds the whole request, so that a
+        self.deadline = threading.Timer(self.timeout, self.drop)  # client sending a byte a second is dropped too
+        self.deadline.start()
+
+    def drop(self):
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)  # the blocked read returns; handle() ends
+        except OSError:
+            pass
+
+    def finish(self):
+        self.deadline.cancel()
+        super().finish()
+
     def do_GET(self):
+        self.deadline.cancel()
         if self.path == "/health":
             self.send_json(200, {"status": "ok"})
         elif self.path == "/reward":
@@ -124,6 +142,9 @@ class RewardHandler(BaseHTTPRequestHandler):
             self.send_json(413, {"error": f"the body has {length} bytes, more than the {MAX_BODY_BYTES} allowed"})
             return
         body = self.rfile.read(length)
+        self.deadline.cancel()  # the request is in: --delay and reward() take the time they take
+        if len(body) < length:
+            return  # dropped at the deadline, or the client hung up
         try:
             completions, answers, metadata = check_request(body)
         except BadRequest as e:
@@ -140,7 +161,7 @@ class RewardHandler(BaseHTTPRequestHandler):
     def handle(self):
         try:
             super().handle()
-        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+        except (BrokenPipeError, ConnectionResetError, TimeoutError, OSError):
             pass  # the client gave up (its timeout ran out during --delay) or went silent: nothing left to answer
 
 
@@ -156,15 +177,16 @@ def parse_args(argv=None):
                         help="seconds to sleep before answering each /reward request, to test client timeouts "
                              "(default: %(default)s)")
     parser.add_argument("--quiet", action="store_true", help="do not log each request on stderr (default: %(default)s)")
-    parser.add_argument("--client-timeout", type=float, default=10.0, help="seconds a client may stay silent (a body "
-                        "that never comes) before its connection is dropped (default: %(default)s)")
+    parser.add_argument("--client-timeout", type=float, default=10.0, help="seconds a client has to send its whole "
+                        "request (a body that never comes, or one byte at a time) before its connection is dropped "
+                        "(default: %(default)s)")
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be in 0..65535, got {args.port}")
-    if not 0 <= args.delay < float("inf"):
-        parser.error(f"--delay must be a number of seconds, 0 or more, got {args.delay}")
-    if not 0 < args.client_timeout < float("inf"):
-        parser.error(f"--client-timeout must be a positive number of seconds, got {args.client_timeout}")
+    if not 0 <= args.delay <= 1e6:  # time.sleep and socket timeouts overflow far above that
+        parser.error(f"--delay must be a number of seconds from 0 to 1e6, got {args.delay}")
+    if not 0 < args.client_timeout <= 1e6:
+        parser.error(f"--client-timeout must be a number of seconds above 0, at most 1e6, got {args.client_timeout}")
     return args
 
 

@@ -101,9 +101,15 @@ def read_chunks(path):
     """The passage texts of one file (a PDF: page by page, so no passage spans two pages)."""
     if path.suffix.lower() != ".pdf":
         try:
-            return chunk_text(path.read_text(encoding="utf-8", errors="replace"))
+            text = path.read_text(encoding="utf-8", errors="replace")
         except OSError as error:
             raise SearchError(f"cannot read {path}: {error.strerror or error}") from None
+        undecoded = text.count("\ufffd") + sum(c < " " and c not in "\t\n\r\f" for c in text)
+        if undecoded > max(10, len(text) // 100):  # random bytes would be hundreds of garbage passages
+            log.warning("%s is not UTF-8 text (%d of its %d characters do not decode or are control characters): skipped",
+                        path, undecoded, len(text))
+            return []
+        return chunk_text(text)
     import pypdf
 
     try:
@@ -121,10 +127,14 @@ def corpus_files(corpus_dir):
     corpus_dir = Path(corpus_dir)
     if not corpus_dir.is_dir():
         raise SearchError(f"corpus folder not found: {corpus_dir}")
-    files = sorted(p for p in corpus_dir.rglob("*") if p.is_file() and p.suffix.lower() in SUFFIXES
+    files = sorted(p for p in walk(corpus_dir) if p.suffix.lower() in SUFFIXES
                    and not any(part.startswith(".") for part in p.relative_to(corpus_dir).parts))
     for p in [p for p in files if not utf8(str(p))]:  # its passage ids could not be written to the index cache
         log.warning("%r: the file name is not UTF-8: skipped (rename it to include it)", p)
+        files.remove(p)
+    for p in [p for p in files if any(c < " " or c == "\x7f" for c in p.relative_to(corpus_dir).as_posix())]:
+        log.warning("%r: the file name holds a control character (a line break?), which would break the 'Doc N (id):' "
+                    "line the model reads: skipped (rename it to include it)", p)  # its id is that line's
         files.remove(p)
     inside = corpus_dir.resolve()
     outside = [p for p in files if not p.resolve().is_relative_to(inside)]  # a link to /etc/passwd is no passage
@@ -134,6 +144,22 @@ def corpus_files(corpus_dir):
     if not files:
         raise SearchError(f"no {', '.join(SUFFIXES)} files in corpus folder {corpus_dir}")
     return files
+
+
+def walk(corpus_dir):
+    """Every file under corpus_dir. A folder that cannot be listed (nested past the path-length limit, no
+    permission) is skipped with a warning; links to folders are not followed."""
+    def skipped(error):
+        log.warning("%s: cannot list it (%s): skipped", error.filename, error.strerror or error)
+
+    for folder, _, names in os.walk(corpus_dir, onerror=skipped):
+        for name in names:
+            path = Path(folder) / name
+            try:
+                if path.is_file():
+                    yield path
+            except OSError as error:
+                log.warning("%s: %s: skipped", path, error.strerror or error)
 
 
 def utf8(text):
@@ -209,8 +235,13 @@ def default_cache_dir():
 
 
 def corpus_key(corpus_dir, files):
-    """Changes whenever a file is added, removed or modified, or chunking or the model change."""
-    stats = [(p.relative_to(corpus_dir).as_posix(), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    """Changes whenever a file is added, removed or modified, or chunking or the model change: by the files' contents
+    (an edit that keeps a file's size and time, as cp -p, rsync -t and tar do, still changes it)."""
+    def digest(path):
+        with open(path, "rb") as file:
+            return hashlib.file_digest(file, "sha256").hexdigest()
+
+    stats = [(p.relative_to(corpus_dir).as_posix(), digest(p)) for p in files]
     blob = json.dumps([CACHE_VERSION, MODEL_NAME, MIN_CHARS, MAX_CHARS, str(Path(corpus_dir).resolve()), stats])
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 

@@ -102,9 +102,9 @@ def parse_args(argv=None):
     g.add_argument("--reward-weights", default="", metavar="TERM=W,...", help=f"weights of the reward terms {', '.join(REWARD_TERMS)} "
                    f"over the built-in {DEFAULT_REWARD_WEIGHTS} (custom=1, remote=1 when used); default: %(default)r")
     g.add_argument("--reward-fn", metavar="MODULE:FUNCTION", help="your reward term, FUNCTION(completion, answer, metadata) -> float")
-    g.add_argument("--reward-fn-timeout", type=real("(0, inf)"), default=60.0, help="seconds one call of --reward-fn may take")
+    g.add_argument("--reward-fn-timeout", type=real("(0, 1e6]"), default=60.0, help="seconds one call of --reward-fn may take")
     g.add_argument("--reward-url", type=http_url, metavar="URL", help="a reward service: POST {completions, answers, metadata} -> {rewards}")
-    g.add_argument("--reward-timeout", type=real("(0, inf)"), default=30.0, help="seconds to wait for the reward service")
+    g.add_argument("--reward-timeout", type=real("(0, 1e6]"), default=30.0, help="seconds to wait for the reward service")
     g.add_argument("--reward-retries", type=integer("[1, inf)"), default=3, help="tries per request to the reward service")
     g = p.add_argument_group("search tool")
     g.add_argument("--corpus-dir", default="data/qa/corpus", help="the documents to search: a folder of .md, .txt "
@@ -132,13 +132,13 @@ def parse_args(argv=None):
     g.add_argument("--kl-weight", type=real("[0, inf)"), default=0.01, help="beta, weight of the k3 KL to pi_ref (0: no reference pass)")
     g.add_argument("--clip-eps", type=real("(0, 1]"), default=0.2, help="PPO clip range: ratio kept within [1-eps, 1+eps]")
     g.add_argument("--max-grad-norm", type=real("(0, inf)"), default=1.0, help="gradient clipping")
-    g.add_argument("--temperature", type=real("(0, inf)"), **by_device("temperature", "sampling temperature T; pi_theta, pi_old and "
+    g.add_argument("--temperature", type=real("[0.001, 1000]"), **by_device("temperature", "sampling temperature T; pi_theta, pi_old and "
                    "pi_ref are all taken at T, softmax(logits / T), the distribution the sampler drew from"))
     g.add_argument("--top-p", type=real("(0, 1]"), default=1.0, help="nucleus sampling; 1.0 samples the full distribution")
     g.add_argument("--max-length", type=integer("[1, inf)"), **by_device("max_length", "the model's own tokens per "
                    "episode, all turns together (retrieved passages do not count)"))
     g.add_argument("--max-steps", type=integer("[1, inf)"), **by_device("max_steps", "training steps"))
-    g.add_argument("--seed", type=int, default=42, help="random seed")
+    g.add_argument("--seed", type=integer("[0, 4294967295]"), default=42, help="random seed")
     g = p.add_argument_group("evaluation, checkpoints, logging")
     g.add_argument("--eval-interval", type=integer("[0, inf)"), default=10, help="evaluate every N steps (0: never)")
     g.add_argument("--eval-prompts", type=integer("[1, inf)"), **by_device("eval_prompts", "held-out prompts per evaluation"))
@@ -147,7 +147,7 @@ def parse_args(argv=None):
     g.add_argument("--keep-checkpoints", type=integer("[0, inf)"), default=3, help="keep the newest N checkpoints of a run (0: all)")
     g.add_argument("--resume", metavar="PATH", help="continue from a checkpoint folder, or the newest one in a run folder")
     g.add_argument("--log-dir", default="runs", help="TensorBoard root; events go to LOG_DIR/RUN_NAME")
-    g.add_argument("--run-name", help="name of the run; None: the experiment's name and the start time")
+    g.add_argument("--run-name", type=folder_name, help="name of the run, one folder name; None: the experiment's name and the start time")
     g.add_argument("--wandb", action="store_true", help="also log to Weights & Biases (WANDB_MODE=offline works)")
     g.add_argument("--wandb-project", default="tiny_grpo", help="W&B project")
     g.add_argument("--log-completions-interval", type=integer("[0, inf)"), default=10, help="log completions every N steps (0: never)")
@@ -349,6 +349,7 @@ def sample_token(logits, temperature, top_p):
     if top_p < 1.0:  # keep the smallest set of tokens whose probability reaches top_p
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         keep = sorted_probs.cumsum(-1) - sorted_probs < top_p
+        keep[:, 0] = True  # the most likely token always (a top_p of 1e-300 is 0 in float32: it would keep none)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs * keep)
     return draw(probs)  # one id per row, id i with probability p_i, exactly (a float32 cumsum is not)
 
@@ -708,7 +709,7 @@ def run(args):
 
 # ---- Plumbing: nothing below this line changes the algorithm ----
 
-import fcntl, hashlib, http.client, importlib, json, os, pickle, resource  # noqa: E401,E402
+import fcntl, hashlib, http.client, importlib, inspect, json, os, pickle, resource  # noqa: E401,E402
 import shutil, signal, threading, urllib.error, urllib.request  # noqa: E401,E402
 
 CACHE_DIR = Path(os.environ.get("TINY_GRPO_CACHE", Path.home() / ".cache" / "tiny-grpo"))
@@ -756,7 +757,21 @@ def integer(interval):
 
 def http_url(text):
     if not re.fullmatch(r"https?://[^/\s]+(/\S*)?", text):
-        raise argparse.ArgumentTypeError(f"expected http://HOST[:PORT]/PATH or https://..., got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected http://HOST[:PORT]/PATH or https://..., got {redact(text)!r}")
+    return text
+
+def redact(url):
+    """url with its user:password@ (if any) shown as ***@: credentials are never printed, logged or stored."""
+    return re.sub(r"(?<=//)[^/@\s]*@", "***@", url) if url else url
+
+def recorded_options(args):
+    """The options as checkpoints and W&B record them: all of them, credentials redacted."""
+    return {**vars(args), "reward_url": redact(args.reward_url)}
+
+def folder_name(text):
+    """An argparse type: one plain folder name, so that a run writes only inside --checkpoint-path and --log-dir."""
+    if text in ("", ".", "..") or any(c in text for c in "/\\\0"):
+        raise argparse.ArgumentTypeError(f"must be one plain folder name (no '/' or '\\', not '.' or '..'), got {text!r}")
     return text
 
 def row_filter(text):
@@ -919,10 +934,12 @@ def load_tasks(path, prompt_key="question", answer_key="answer", filters=(), max
     for item in filters:
         field, _, values = item.partition("=")
         wanted[field] = set(values.split(","))
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
+    if not Path(path).exists():
         raise InputError(f"{path}: no such file (run from the repository root; the scripts in data/ make the task files)")
+    if not Path(path).is_file():  # a FIFO would hang the read, /dev/zero fill memory
+        raise InputError(f"{path}: not a regular file")
+    try:  # utf-8-sig: a byte-order mark is no part of the first line; lines end at \n only (U+2028 is legal in JSON)
+        lines = Path(path).read_text(encoding="utf-8-sig").split("\n")
     except (OSError, UnicodeDecodeError) as e:
         raise InputError(f"{path}: cannot read: {e}")
     tasks = []
@@ -935,6 +952,8 @@ def load_tasks(path, prompt_key="question", answer_key="answer", filters=(), max
             raise InputError(f"{path}:{number}: not valid JSON ({e.msg} at column {e.colno})")
         except RecursionError:
             raise InputError(f"{path}:{number}: nested too deeply to be a task")
+        except ValueError as e:  # an integer of more than 4,300 digits
+            raise InputError(f"{path}:{number}: {str(e).split(';')[0]}")
         if not isinstance(row, dict):
             raise InputError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}")
         for key, option in ((prompt_key, "--prompt-key"), (answer_key, "--answer-key")):
@@ -946,6 +965,10 @@ def load_tasks(path, prompt_key="question", answer_key="answer", filters=(), max
                 str(row[key]).encode("utf-8")  # JSON's \ud800 escapes decode to lone surrogates, which no tokenizer takes
             except UnicodeEncodeError:
                 raise InputError(f"{path}:{number}: field {key!r} holds a lone surrogate (an escape in \\ud800-\\udfff)")
+            if not str(row[key]).strip():
+                raise InputError(f"{path}:{number}: field {key!r} is empty")
+            if isinstance(row[key], float) and not math.isfinite(row[key]):  # NaN, Infinity, 1e400: no answer matches
+                raise InputError(f"{path}:{number}: field {key!r} is {row[key]}, which no completion can match")
         for field in wanted:
             if field not in row:
                 raise InputError(f"{path}:{number}: --filter {field}=...: the line has no field {field!r}")
@@ -1049,12 +1072,15 @@ def parse_weights(text):
             raise ValueError(f"the weight of {name.strip()} is {value}, not a finite number")
     return weights
 
+MAX_REWARD = 1e18  # beyond it a group's spread squared overflows float32: its std is inf and every advantage 0
+
 def check_finite(rewards, terms, completions, answers):
-    bad = (~torch.isfinite(rewards)).nonzero().flatten().tolist()  # 1e308 is a float64, inf in float32
+    bad = (~(rewards.abs() <= MAX_REWARD)).nonzero().flatten().tolist()  # 1e308 is a float64, inf in float32
     if bad:
         i = bad[0]
         raise RewardError(f"the reward of completion {completions[i][:300]!r} (answer {answers[i]!r}) is "
-                          f"{rewards[i].item()}, not a finite float32 number; its terms: "
+                          f"{rewards[i].item()}: a reward must be a finite float32 number within +-{MAX_REWARD:g} "
+                          f"(beyond, a group's standard deviation overflows and its advantages are 0); its terms: "
                           f"{ {n: v[i].item() for n, v in terms.items()} }")
 
 def load_reward_fn(spec, timeout=60.0):
@@ -1072,44 +1098,77 @@ def load_reward_fn(spec, timeout=60.0):
     function = getattr(module, function_name, None)
     if not callable(function):
         raise InputError(f"--reward-fn {spec}: {module_name} has no function {function_name!r}")
+    try:  # called as function(completion, answer, metadata): a wrong signature fails now, not after the model loads
+        inspect.signature(function).bind("completion", "answer", {})
+    except TypeError as e:
+        raise InputError(f"--reward-fn {spec}: {function_name}{inspect.signature(function)} cannot be called as "
+                         f"{function_name}(completion, answer, metadata): {e}")
+    except ValueError:  # a built-in without a signature: its first call will tell
+        pass
 
     def call(completion, answer, metadata):
         try:  # sys.exit in it is a failure like any other: the steps done are saved first
-            value = float(within(timeout, function, completion, answer, metadata))
+            value = within(timeout, function, completion, answer, metadata)
         except (Exception, SystemExit) as e:
             raise RewardError(f"--reward-fn {spec} failed on completion {completion[:300]!r} "
                               f"(answer {answer!r}): {type(e).__name__}: {e}")
-        if not math.isfinite(value):
-            raise RewardError(f"--reward-fn {spec} returned {value} on completion {completion[:300]!r} (answer {answer!r})")
-        return value
+        try:  # a number of any kind (numpy, a 0-d tensor), but not "0.5" or True, which float() would take
+            number = float(value) if not isinstance(value, (str, bytes, bool)) else math.nan
+        except (TypeError, ValueError, OverflowError):
+            number = math.nan
+        if not math.isfinite(number):
+            raise RewardError(f"--reward-fn {spec} returned {str(value)[:100]!r}, not a finite number, on completion "
+                              f"{completion[:300]!r} (answer {answer!r})")
+        return number
 
     return call
 
+MAX_REPLY_BYTES = 64 * 2**20  # a reward service's answer larger than this stops the run instead of filling memory
+
+class NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args):  # urllib would follow a 302 with a GET, dropping the body: say so instead
+        return None
+
 def remote_rewards(url, completions, answers, metadata, timeout=30.0, retries=3):
     """POST {"completions", "answers", "metadata"} as JSON to a reward service; it answers {"rewards": [...]}.
-    Retried with back-off on timeouts and server errors; a malformed answer or a 4xx stops the run."""
+    Retried with back-off on timeouts and server errors; a malformed answer, a redirect or a 4xx stops the run."""
+    shown = redact(url)
     body = json.dumps({"completions": completions, "answers": answers, "metadata": metadata}).encode()
     request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    opener = urllib.request.build_opener(NoRedirect)
     for attempt in range(1, retries + 1):
         try:
-            answer = within(timeout, lambda: urllib.request.urlopen(request, timeout=timeout).read())  # the whole answer in time:
-            rewards = json.loads(answer)["rewards"]  # a socket timeout bounds each read only, not a byte a second
+            answer = within(timeout, lambda: opener.open(request, timeout=timeout).read(MAX_REPLY_BYTES + 1))  # whole, in
+            if len(answer) > MAX_REPLY_BYTES:  # time: a socket timeout bounds each read only, not a byte a second
+                raise RewardError(f"--reward-url {shown}: the answer is larger than {MAX_REPLY_BYTES:,} bytes")
+            rewards = json.loads(answer)["rewards"]
             break
         except urllib.error.HTTPError as e:
+            detail = e.read(300).decode(errors="replace")
+            if 300 <= e.code < 400:
+                raise RewardError(f"--reward-url {shown}: HTTP {e.code}, a redirect to {redact(e.headers.get('Location'))}; "
+                                  "give that address instead (a redirected POST would lose its body)")
             if e.code < 500:
-                raise RewardError(f"--reward-url {url}: HTTP {e.code}: {e.read().decode(errors='replace')[:300]}")
-            problem = f"HTTP {e.code}"
+                raise RewardError(f"--reward-url {shown}: HTTP {e.code}: {detail}")
+            problem = f"HTTP {e.code}: {detail}"
         except (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException) as e:
-            problem = f"{type(e).__name__}: {getattr(e, 'reason', e)}"  # IncompleteRead, BadStatusLine: a broken answer
-        except (ValueError, KeyError, TypeError) as e:
-            raise RewardError(f"--reward-url {url}: the answer is not {{\"rewards\": [...]}}: {e}")
+            problem = f"{type(e).__name__}: {getattr(e, 'reason', e)}; is the service running?"  # IncompleteRead: cut short
+        except (ValueError, KeyError, TypeError, RecursionError) as e:  # numbers past 4,300 digits, JSON nested too deep
+            raise RewardError(f"--reward-url {shown}: the answer is not {{\"rewards\": [...]}}: {type(e).__name__}: "
+                              f"{str(e)[:200]}")
         if attempt == retries:
-            raise RewardError(f"--reward-url {url}: no answer after {retries} tries ({problem}); is the service running?")
+            raise RewardError(f"--reward-url {shown}: no answer after {retries} tries ({problem})")
         time.sleep(min(2 ** (attempt - 1), 10))
-    if not isinstance(rewards, list) or len(rewards) != len(completions) or not all(
-            isinstance(r, (int, float)) and math.isfinite(r) for r in rewards):
-        raise RewardError(f"--reward-url {url}: expected {len(completions)} finite numbers, got {str(rewards)[:200]}")
+    if not isinstance(rewards, list) or len(rewards) != len(completions) or not all(map(finite_number, rewards)):
+        raise RewardError(f"--reward-url {shown}: expected {len(completions)} finite numbers, got {str(rewards)[:200]}")
     return [float(r) for r in rewards]
+
+def finite_number(value):
+    """A number, not a boolean nor a string, that is finite as a float (10**400 is an int too large for one)."""
+    try:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    except OverflowError:
+        return False
 
 def within(seconds, function, *args):
     """function(*args), or TimeoutError after `seconds`. It runs in a thread, left behind if late: neither a Python
@@ -1228,7 +1287,10 @@ def pad_left(rows, value):
 # -- checkpoints: atomic, never overwritten, never claimed by another run, never unpickled
 
 HELD_LOCKS = {}  # run folder -> a descriptor of it; flock holds it while this process lives, however it ends
-RESUME_MUST_MATCH = ("model_name", "quantization", "lora", "lora_r", "lora_alpha")  # what the weights are
+# What a resume cannot change: what the weights are, and the data whose position the checkpoint holds. Everything
+# else may change; --lr and --warmup-steps apply from the next update (the optimizer's state carries on).
+RESUME_MUST_MATCH = ("model_name", "quantization", "lora", "lora_r", "lora_alpha",
+                     "task", "data_path", "filter", "prompt_key", "answer_key", "max_prompts", "seed")
 
 def claim_run(args):
     """(the checkpoint --resume names, or None; the run folder). Before a minute goes into loading the model: the
@@ -1248,21 +1310,16 @@ def claim_run(args):
             probe.unlink()
         except OSError as e:
             raise InputError(f"{option}: cannot write to {folder}: {e.strerror or e}")
-    key = str(run_dir.resolve())
-    if key not in HELD_LOCKS:
-        lock = os.open(run_dir, os.O_RDONLY)  # the folder itself is locked: no lock file in it
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(lock)
-            raise InputError(f"{run_dir}: another run is writing to this run folder now; choose another --run-name")
-        HELD_LOCKS[key] = lock
-    steps = sorted(run_dir.glob("step_*[0-9]"))
+    log_dir = Path(args.log_dir) / args.run_name
+    lock_folder(run_dir)
+    lock_folder(log_dir)
+    steps = checkpoints_in(run_dir)
     resuming_here = checkpoint_dir is not None and checkpoint_dir.parent.resolve() == run_dir.resolve()
     if steps and not resuming_here:
         raise InputError(f"{run_dir} already holds the checkpoints of a run ({steps[-1].name}): --resume {run_dir} "
                          "continues it; another --run-name starts a new one")
-    newer = [s for s in steps if resuming_here and s.name > checkpoint_dir.name]
+    claim_log_folder(log_dir, run_dir, resuming_here)
+    newer = [s for s in steps if resuming_here and step_number(s) > step_number(checkpoint_dir)]
     if newer:
         aside = run_dir / f"superseded-{time.strftime('%Y%m%d-%H%M%S')}"
         aside.mkdir()
@@ -1276,9 +1333,46 @@ def claim_run(args):
               f"prompts x {args.group_size} completions x {args.max_length} tokens, {args.max_steps} steps)")
     return checkpoint_dir, run_dir
 
+def step_number(folder):
+    return int(folder.name.removeprefix("step_"))
+
+def checkpoints_in(folder):
+    """The step_N checkpoint folders in folder, oldest first by step number (as text, step_1000000 sorts first)."""
+    return sorted((f for f in Path(folder).glob("step_*") if re.fullmatch(r"step_\d+", f.name)), key=step_number)
+
+def lock_folder(folder):
+    """Hold an exclusive lock on folder while this process lives (the folder itself: no lock file in it)."""
+    key = str(folder.resolve())
+    if key not in HELD_LOCKS:
+        lock = os.open(folder, os.O_RDONLY)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(lock)
+            raise InputError(f"{folder}: another run is writing to this folder now; choose another --run-name")
+        HELD_LOCKS[key] = lock
+
+def claim_log_folder(log_dir, run_dir, resuming_here):
+    """The TensorBoard folder holds one run's curves: the run whose checkpoints are in run_dir, as its file .run says.
+    Another run's events (the same --run-name under another --checkpoint-path) refuse it; the events of an earlier
+    start of this run that saved no checkpoint are moved aside (to superseded-TIME/), not mixed into this one's."""
+    owner, record = str(run_dir.resolve()), log_dir / ".run"
+    recorded = record.read_text() if record.is_file() else None
+    events = list(log_dir.glob("events.out.tfevents.*"))
+    if not resuming_here and (recorded not in (None, owner) or (recorded is None and events)):
+        raise InputError(f"{log_dir} holds the TensorBoard events of another run ({recorded or 'not recorded'}): "
+                         "choose another --run-name or --log-dir")
+    if events and not resuming_here:  # this run's own, from a start that saved no checkpoint
+        aside = log_dir / f"superseded-{time.strftime('%Y%m%d-%H%M%S')}"
+        aside.mkdir()
+        for file in events:
+            os.replace(file, aside / file.name)
+        print(f"{log_dir}: an earlier start of this run saved no checkpoint; its events are moved to {aside}", file=sys.stderr)
+    record.write_text(owner)
+
 def training_state(args, step, position):
     return {"step": step, "data_position": list(position), "run_name": args.run_name, "experiment": EXPERIMENT,
-            "args": vars(args)}
+            "args": recorded_options(args)}
 
 def save_checkpoint(folder, model, optimizer, scheduler, state, keep):
     """Write folder atomically: everything goes to folder.partial, which is renamed when complete."""
@@ -1297,17 +1391,29 @@ def save_checkpoint(folder, model, optimizer, scheduler, state, keep):
         os.replace(partial, folder)
     except Exception as e:  # a full disk, a folder gone: no half checkpoint, the earlier ones kept
         shutil.rmtree(partial, ignore_errors=True)
-        raise InputError(f"saving {folder} failed ({type(e).__name__}: {e}); the earlier checkpoints are kept")
+        raise InputError(f"saving {folder} failed ({type(e).__name__}: {str(e)[:200]}){save_failure_cause(folder)}; "
+                         "nothing else was touched: the earlier checkpoints are kept")
     if keep:
-        for old in sorted(folder.parent.glob("step_*[0-9]"))[:-keep]:
+        for old in checkpoints_in(folder.parent)[:-keep]:
             shutil.rmtree(old)
+
+def save_failure_cause(folder):
+    """Why a write may have failed, as torch.save's own message ("unexpected pos 153344 vs 153232") does not say."""
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit != resource.RLIM_INFINITY:
+        return f": a file-size limit of {limit:,} bytes is in force (ulimit -f)"
+    try:
+        free = shutil.disk_usage(folder.parent).free
+    except OSError:
+        return ""
+    return f": the disk has only {free:,} bytes free" if free < 2**30 else ""
 
 def find_checkpoint(path, args):
     """A checkpoint folder, or the newest complete step_N inside a run folder (a damaged newer one is passed over,
     with a message). An error, naming what differs, if it was written by another experiment or for other weights."""
     path = Path(path)
     explicit = (path / "training_state.pt").is_file()
-    candidates = [path] if explicit else sorted(path.glob("step_*[0-9]"), reverse=True)
+    candidates = [path] if explicit else checkpoints_in(path)[::-1]
     if not candidates:
         raise InputError(f"--resume {path}: no checkpoint there (expected training_state.pt or step_N folders)")
     for folder in candidates:
@@ -1325,9 +1431,10 @@ def find_checkpoint(path, args):
         raise InputError(f"--resume {folder}: a checkpoint of {experiment}; resume it with {experiment}/train.py")
     saved = state.get("args", {})
     differs = [f"--{name.replace('_', '-')} {saved[name]} there, {getattr(args, name)} here"
-               for name in RESUME_MUST_MATCH if name in saved and saved[name] != getattr(args, name)]
+               for name in RESUME_MUST_MATCH if name in saved and saved[name] != getattr(args, name, saved[name])]
     if differs:
-        raise InputError(f"--resume {folder}: its weights were trained with other options: {'; '.join(differs)}")
+        raise InputError(f"--resume {folder}: its weights were trained with other options, on data whose position it "
+                         f"holds: {'; '.join(differs)}. Resume with the checkpoint's values, or start a new run")
     return folder
 
 def checkpoint_problem(folder):
@@ -1371,14 +1478,27 @@ def resume(folder, model, optimizer, scheduler):
         if unexpected:
             raise InputError(f"--resume {folder}: weights do not match this model ({unexpected[:3]} ...)")
     state = load_state_file(folder)
+    rates = [group["initial_lr"] for group in optimizer.param_groups]  # this run's --lr, before the checkpoint's
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
+    apply_learning_rate(optimizer, scheduler, rates, state)
     random.setstate(state["rng"]["python"])
     torch.set_rng_state(state["rng"]["torch"])
     if "cuda" in state["rng"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["rng"]["cuda"])
     print(f"resumed from {folder} at step {state['step']}")
     return state["step"], tuple(state["data_position"])
+
+def apply_learning_rate(optimizer, scheduler, rates, state):
+    """After a checkpoint's optimizer and schedule are loaded (they hold its --lr), put this run's rates back, at the
+    schedule's step; its lambda, and so --warmup-steps, is this run's already (LambdaLR saves no lambda)."""
+    scheduler.base_lrs = list(rates)
+    scheduler._last_lr = [rate * factor(scheduler.last_epoch) for rate, factor in zip(rates, scheduler.lr_lambdas)]
+    for group, rate, now in zip(optimizer.param_groups, rates, scheduler._last_lr):
+        group["initial_lr"], group["lr"] = rate, now
+    before = state.get("args", {}).get("lr", rates[0])
+    if before != rates[0]:
+        print(f"--lr {rates[0]:g} from here on (the checkpoint's run had {before:g})")
 
 # -- logging
 
@@ -1395,7 +1515,7 @@ class Logger:
             import wandb
 
             self.wandb = wandb.init(project=args.wandb_project, name=args.run_name, id=args.run_name,
-                                    resume="allow", config=vars(args))
+                                    resume="allow", config=recorded_options(args))
 
     def scalars(self, metrics, step):
         for name, value in metrics.items():
@@ -1455,18 +1575,25 @@ def sample_text(rollout, tasks, group_size, count=4):
 
 class Interrupts:
     """Ctrl-C and SIGTERM raise KeyboardInterrupt at once, except inside `with interrupts.deferred():`,
-    where they wait until the block ends: a checkpoint never holds half an update."""
+    where they wait until the block ends: a checkpoint never holds half an update. Only the first one does: the run
+    is stopping and saving then, and a second Ctrl-C (or a scheduler's second SIGTERM) must not cut the save short."""
 
     def __init__(self):
-        self.deferring, self.pending = False, None
+        self.deferring, self.pending, self.stopping = False, None, False
         signal.signal(signal.SIGINT, self.handle)
         signal.signal(signal.SIGTERM, self.handle)  # a cluster scheduler's SIGTERM is handled like Ctrl-C
 
     def handle(self, signum, frame):
+        if self.stopping:
+            return
         if self.deferring:
             self.pending = signum
         else:
-            raise KeyboardInterrupt(signal.Signals(signum).name)
+            self.stop(signum)
+
+    def stop(self, signum):
+        self.stopping = True
+        raise KeyboardInterrupt(signal.Signals(signum).name)
 
     @contextlib.contextmanager
     def deferred(self):
@@ -1475,8 +1602,18 @@ class Interrupts:
             yield
         finally:
             self.deferring = False
-        if self.pending is not None:
-            raise KeyboardInterrupt(signal.Signals(self.pending).name)
+        if self.pending is not None and not self.stopping:
+            self.stop(self.pending)
+
+@contextlib.contextmanager
+def signals_held():
+    """Ctrl-C and SIGTERM do nothing inside the block (the final save), whatever stopped the run; then as before."""
+    handlers = {signum: signal.signal(signum, lambda *_: None) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
 
 def stopped(stop, step, run_dir, save, logger, progress):
     """Save the steps done and report: Ctrl-C exits with 130, a reward failure or divergence goes on to main's error
@@ -1484,10 +1621,14 @@ def stopped(stop, step, run_dir, save, logger, progress):
     progress.close()
     half_updated = isinstance(stop, DivergedError) and stop.updates_made > 0
     what = {KeyboardInterrupt: "\ninterrupted", RewardError: "\nthe reward failed"}.get(type(stop), f"\nstep {step + 1} diverged")
-    print(f"{what}: " + ("its first updates are not saved" if half_updated else f"saving step {step} to {run_dir}"),
-          file=sys.stderr)
-    if not half_updated:
-        save()
+    if half_updated:
+        print(f"{what}: its first updates are not saved", file=sys.stderr)
+    elif step == 0:  # a checkpoint of zero steps holds nothing of the run and would block its name
+        print(f"{what}: before the first step; nothing to save", file=sys.stderr)
+    else:
+        print(f"{what}: saving step {step} to {run_dir} (Ctrl-C again waits until it is written)", file=sys.stderr)
+        with signals_held():
+            save()
     logger.close()
     if isinstance(stop, KeyboardInterrupt):
         sys.exit(130)

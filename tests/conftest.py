@@ -4,6 +4,7 @@ Nothing is downloaded. The tokenizer is character-level (plus the tags as single
 chat template, so prompts are formatted the way an instruct model's would be.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -172,11 +173,37 @@ def write_jsonl(path, rows):
     return path
 
 
-def run_script(script, *args, timeout=600, cwd=ROOT, env=None):
-    """Run a script in a fresh interpreter, with env added to the environment; returns the CompletedProcess
-    (stdout and stderr captured)."""
-    return subprocess.run([sys.executable, str(script), *map(str, args)], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+# A subprocess's timeout in a test guards against a hang, nothing more: no test waits on the CPU's speed. The slowest
+# subprocess test took 27 s on the slowest CPU measured (a 2-core AMD EPYC without AVX-512, float32, 2026-11-24), so
+# the default guard is 600 s; a test whose process takes longer passes its own.
+HANG_GUARD_SECONDS = 600
+
+
+@contextlib.contextmanager
+def hang_guard(what, timeout):
+    """Turn a subprocess timeout inside the block into a failure that says what it is: a guard against a hang."""
+    try:
+        yield
+    except subprocess.TimeoutExpired as e:
+        output = (e.stderr or b"")[-2000:]
+        output = output.decode(errors="replace") if isinstance(output, bytes) else output
+        pytest.fail(f"{what} ran past {timeout} s, the guard against a hang (set well above the slowest CPU's time "
+                    f"for this test): it hangs, or this machine is far slower than any measured. Its last output:\n{output}",
+                    pytrace=False)
+
+
+def run_command(command, timeout=HANG_GUARD_SECONDS, cwd=ROOT, env=None):
+    """Run a command in a fresh process, with env added to the environment; returns the CompletedProcess (stdout
+    and stderr captured). timeout is a guard against a hang (hang_guard), not a speed test."""
+    command = list(map(str, command))
+    with hang_guard(" ".join(command)[:300], timeout):
+        return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, **(env or {})})
+
+
+def run_script(script, *args, timeout=HANG_GUARD_SECONDS, cwd=ROOT, env=None):
+    """Run a Python script in a fresh interpreter: run_command on `python script args`."""
+    return run_command([sys.executable, script, *args], timeout, cwd, env)
 
 
 def tensorboard_scalars(log_dir):

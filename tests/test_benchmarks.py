@@ -2,21 +2,37 @@
 them for real; their figures are in README.md)."""
 
 import json
+import os
 
-from conftest import ROOT, run_script, write_jsonl
+import pytest
+from conftest import ROOT, load_experiment, run_script, write_jsonl
 
 
-def run_benchmark(tmp_path, script, *args):
-    """Run benchmarks/SCRIPT with args and --json; it must succeed. Returns its output and the JSON it wrote."""
+def run_benchmark(tmp_path, script, *args, dtype=None):
+    """Run benchmarks/SCRIPT with args and --json; it must succeed. Returns its output and the JSON it wrote. A
+    benchmark that measures (given the dtype it must report) names the machine in both: a figure means little
+    without the CPU it was taken on."""
     out = tmp_path / f"{script}.json"
     result = run_script(ROOT / "benchmarks" / script, *args, "--json", out)
     assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout, json.loads(out.read_text())
+    table = json.loads(out.read_text())
+    if dtype:
+        assert_names_machine(result.stdout, table["machine"], dtype)
+    return result.stdout, table
+
+
+def assert_names_machine(stdout, where, dtype):
+    """The output's machine line and the JSON's "machine": this CPU's model, cores and AVX512-BF16, and the dtype."""
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), None)
+    flags = next((line.split() for line in open("/proc/cpuinfo") if line.startswith("flags")), [])
+    assert where["cpu"] == cpu and where["cores"] == os.cpu_count() and where["avx512_bf16"] == ("avx512_bf16" in flags)
+    assert where["dtype"].startswith(dtype)
+    assert f"machine: {cpu}, {os.cpu_count()} cores, AVX512-BF16 {'yes' if where['avx512_bf16'] else 'no'}" in stdout
 
 
 def test_step_time_benchmark_runs(tiny_model_dir, tmp_path):
     stdout, table = run_benchmark(tmp_path, "step_time.py", "--model-name", tiny_model_dir, "--steps", "2",
-                                  "--max-new-tokens", "8", "--dtype", "float32")
+                                  "--max-new-tokens", "8", "--dtype", "float32", dtype="float32")
     assert "| seconds per step (median)" in stdout
     for side in ("project", "trl"):
         assert table[side]["step_seconds"] > 0 and table[side]["peak_rss_gb"] > 0
@@ -26,31 +42,58 @@ def test_step_time_benchmark_runs(tiny_model_dir, tmp_path):
 
 def test_learning_benchmark_runs(tiny_model_dir, tmp_path):
     result = run_script(ROOT / "benchmarks" / "learning.py", "--model-name", tiny_model_dir, "--steps", "2",
-                        "--eval-prompts", "3", "--eval-interval", "1", "--samples", "2", "--out", tmp_path,
+                        "--eval-prompts", "3", "--eval-interval", "1", "--samples", "2", "--out", tmp_path, "--seeds", "2",
                         "--run-name", "smoke", "--", "--max-length", "8", "--dtype", "float32", "--group-size", "2",
                         "--rollouts-per-step", "2")
     assert result.returncode == 0, result.stderr[-3000:]
     figures = json.loads((tmp_path / "learning.json").read_text())
-    assert figures["task"] == "sequence" and figures["steps"] == 2  # the default, as experiment_base's on CPU and figures["minutes"] > 0
-    assert [step for step, _ in figures["curves"]["eval/accuracy"]] == [0, 1, 2]
-    assert figures["before"]["accuracy"] == figures["curves"]["eval/accuracy"][0][1]
-    assert figures["after"]["format_rate"] == figures["curves"]["eval/format_rate"][-1][1]
-    held_out = (ROOT / "data" / "sequence_eval.jsonl").read_text().splitlines()[:2]
-    assert [s["question"] for s in figures["samples"]] == [json.loads(line)["question"] for line in held_out]
-    assert all(isinstance(s["completion"], str) and isinstance(s["correct"], bool) for s in figures["samples"])
+    assert figures["task"] == "sequence" and figures["steps"] == 2  # the default, as experiment_base's on CPU
+    runs = figures["runs"]
+    assert [run["seed"] for run in runs] == [42, 43] and all(run["minutes"] > 0 for run in runs)
+    for run in runs:  # each seed's own curve, from its own TensorBoard folder
+        assert [step for step, _ in run["curves"]["eval/accuracy"]] == [0, 1, 2]
+        assert run["before"]["accuracy"] == run["curves"]["eval/accuracy"][0][1]
+        assert run["after"]["format_rate"] == run["curves"]["eval/format_rate"][-1][1]
+        assert run["gain"] == run["after"]["accuracy"] - run["before"]["accuracy"]
+        assert "--seed" in run["command"] and run["command"][run["command"].index("--seed") + 1] == str(run["seed"])
+        held_out = (ROOT / "data" / "sequence_eval.jsonl").read_text().splitlines()[:2]
+        assert [s["question"] for s in run["samples"]] == [json.loads(line)["question"] for line in held_out]
+        assert all(isinstance(s["completion"], str) and isinstance(s["correct"], bool) for s in run["samples"])
+        assert run["reasoning"]["right"] == sum(s["correct"] for s in run["samples"])
+    gains = sorted(run["gain"] for run in runs)
+    assert figures["summary"]["gain"] == {"min": gains[0], "median": sum(gains) / 2, "max": gains[1]}
+    assert "| seed | accuracy before |" in result.stdout and "gain over 2 seed(s)" in result.stdout
     assert (tmp_path / "learning.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert_names_machine(result.stdout, figures["machine"], "float32")  # the --dtype given after --
+
+
+@pytest.mark.parametrize("completion, faithful", [
+    ("each number is 4 more than the one before; the last is 32, and 32 + 4 = 36 </think> <answer>36</answer>", True),
+    ("each number is 4 more than the one before; the last is 32, and 4 + 32 = 36 </think> <answer>36</answer>", True),
+    ("each number is 20 more than the one before; the last is 32, and 32 + 20 = 36 </think> <answer>36</answer>", False),
+    ("each number is 4 more than the one before; the last is 28, and 28 + 4 = 32 </think> <answer>36</answer>", False),
+    ("each number is 4 more than the one before; the last is 32, and 32 + 4 = 38 </think> <answer>36</answer>", False),
+    ("the next is 36 </think> <answer>36</answer>", False),
+], ids=["true", "sum-reversed", "first-term-as-step", "wrong-last-term", "false-sum", "no-reasoning"])
+def test_the_reasoning_checker_wants_the_true_step_and_a_true_last_sum(completion, faithful):
+    from common import load_module
+
+    learning = load_module(ROOT / "benchmarks" / "learning.py")
+    assert learning.faithful("What number comes next: 20, 24, 28, 32, ...?", completion) is faithful
 
 
 def test_levers_benchmark_runs(tiny_model_dir, tmp_path):
     _, table = run_benchmark(tmp_path, "levers.py", "--model-name", tiny_model_dir, "--steps", "2",
-                             "--max-new-tokens", "8", "--dtype", "float32", "--configs", "default", "full_logits")
-    assert list(table) == ["default", "full_logits"]
-    assert all(r["sampling_seconds"] > 0 and r["training_seconds"] > 0 for r in table.values())
+                             "--max-new-tokens", "8", "--dtype", "float32", "--configs", "default", "full_logits",
+                             dtype="float32")
+    configs = {name: figures for name, figures in table.items() if name != "machine"}
+    assert list(configs) == ["default", "full_logits"]
+    assert all(r["sampling_seconds"] > 0 and r["training_seconds"] > 0 for r in configs.values())
 
 
 def test_evaluate_benchmark_runs(tiny_model_dir, tmp_path):
     stdout, table = run_benchmark(tmp_path, "evaluate.py", "--model-name", tiny_model_dir, "--eval-prompts", "3",
-                                  "--max-length", "8", "--dtype", "float32", "--tasks", "math", "gsm8k")
+                                  "--max-length", "8", "--dtype", "float32", "--tasks", "math", "gsm8k", dtype="float32")
     assert table["math"]["problems"] == 3 and 0 <= table["math"]["eval/accuracy"] <= 1
     if not (ROOT / "data" / "gsm8k_test.jsonl").exists():
         assert "missing" in table["gsm8k"] and "not run" in stdout
@@ -71,7 +114,8 @@ def test_evaluate_samples_filter_and_data(tiny_model_dir, tmp_path):
 
 
 def test_retrieval_benchmark_runs(tmp_path):
-    stdout, table = run_benchmark(tmp_path, "retrieval.py", "--retrievers", "bm25", "--max-questions", "80")
+    stdout, table = run_benchmark(tmp_path, "retrieval.py", "--retrievers", "bm25", "--max-questions", "80",
+                                  dtype="float32")
     bm25 = table["recall"]["bm25"]
     assert bm25["single_hop_cited"] >= 0.9 and bm25["single_hop_answer"] >= 0.9  # one search finds a single hop
     assert bm25["two_hop_answer"] < bm25["two_hop_first_cited"]  # but not, as a rule, the second hop's answer
@@ -79,7 +123,7 @@ def test_retrieval_benchmark_runs(tmp_path):
 
 
 def test_memory_estimate_runs(tmp_path):
-    _, table = run_benchmark(tmp_path, "memory_estimate.py", "--tiny", "--measure-tokens", "32")
+    _, table = run_benchmark(tmp_path, "memory_estimate.py", "--tiny", "--measure-tokens", "32", dtype="bfloat16")
     parts = table["parts"]
     # bfloat16 KV cache of 2 layers x (K, V) x 8 heads x 64 dims: 4 KiB per token
     assert parts["kv_per_token"] == 2 * 2 * 8 * 64 * 2
@@ -107,10 +151,10 @@ def test_plot_runs_compares_runs(tmp_path):
 
 
 def test_gpu_run_dry_run(tmp_path):
-    """The GPU kit's code path on the CPU: experiment_base's steps on a 2-layer Llama-3.2-1B of random weights, which
-    never stops early (the worst case), then TRL's GRPOTrainer on the same steps, and batch sizes that fit each cap,
-    fewer for a smaller one."""
-    stdout, table = run_benchmark(tmp_path, "gpu_run.py", "--dry-run", "--steps", "2")
+    """The GPU kit's code path on the CPU: experiment_base's steps on a 2-layer Llama of small widths and random
+    weights, which never stops early (the worst case), then TRL's GRPOTrainer on the same steps, and batch sizes that
+    fit each cap, fewer for a smaller one (estimated from Llama-3.2-1B's own shapes)."""
+    stdout, table = run_benchmark(tmp_path, "gpu_run.py", "--dry-run", "--steps", "2", dtype="bfloat16")
     assert [step["tokens"] for step in table["steps"]] == [2 * 2 * 8] * 2  # 2 prompts x 2 completions x 8 tokens
     # the same steps through TRL's GRPOTrainer (4-bit model, same sizes), side by side
     assert [step["tokens"] for step in table["trl"]["steps"]] == [2 * 2 * 8] * 2
@@ -127,3 +171,27 @@ def test_gpu_run_dry_run(tmp_path):
     if not torch.cuda.is_available():
         refused = run_script(ROOT / "benchmarks" / "gpu_run.py", "--steps", "1")
         assert refused.returncode != 0 and "no CUDA device here; --dry-run" in refused.stderr
+
+
+def test_evaluate_takes_the_checkpoints_own_adapter_shape(tiny_model_dir, tmp_path):
+    """--checkpoint of a missing folder failed after the model had loaded; a checkpoint trained with another
+    --lora-r or --lora-alpha was loaded into an r=16, alpha=32 adapter (a size mismatch, or silently the wrong scale).
+    Now a missing one is refused first, a run folder gives its newest step, and the adapter is built as saved."""
+    from common import load_module
+    from conftest import write_jsonl
+
+    missing = run_script(ROOT / "benchmarks" / "evaluate.py", "--checkpoint", tmp_path / "nowhere", timeout=60)
+    assert missing.returncode == 2 and "--checkpoint" in missing.stderr and "no such folder" in missing.stderr
+    data = write_jsonl(tmp_path / "tasks.jsonl", [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(4)])
+    base = load_experiment()
+    base.main(["--model-name", str(tiny_model_dir), "--device", "cpu", "--dtype", "float32", "--data-path", str(data),
+               "--max-steps", "1", "--group-size", "2", "--rollouts-per-step", "2", "--max-length", "4",
+               "--eval-interval", "0", "--lora-r", "4", "--lora-alpha", "64", "--log-dir", str(tmp_path / "runs"),
+               "--checkpoint-path", str(tmp_path / "out"), "--run-name", "alpha64"])
+    evaluate = load_module(ROOT / "benchmarks" / "evaluate.py")
+    args = evaluate.parse_args(["--checkpoint", str(tmp_path / "out" / "alpha64")])
+    assert args.checkpoint.name == "step_000001" and args.lora_options == ["--lora-r", "4", "--lora-alpha", "64"]
+    stdout, table = run_benchmark(tmp_path, "evaluate.py", "--model-name", tiny_model_dir, "--checkpoint",
+                                  tmp_path / "out" / "alpha64", "--tasks", "gsm8k", "--data", f"gsm8k={data}",
+                                  "--max-length", "4", "--dtype", "float32", dtype="float32")
+    assert table["gsm8k"]["problems"] == 4 and "newest checkpoint of that run, step_000001" in stdout

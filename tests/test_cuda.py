@@ -4,15 +4,13 @@ two steps and a resume of every experiment, and experiment_accelerate_ddp under 
 Skipped where CUDA is absent (CI has none), so these have not yet run: on a CUDA machine,
 `python -m pytest tests/test_cuda.py -q`. The tiny model is the other tests' (conftest), in bfloat16 on the GPU."""
 
-import os
 import socket
-import subprocess
 import sys
 
 import pytest
 import torch
 
-from conftest import EXPERIMENTS, ROOT, load_experiment, run_script, tensorboard_scalars, write_jsonl
+from conftest import EXPERIMENTS, ROOT, load_experiment, run_command, run_script, tensorboard_scalars, write_jsonl
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -113,8 +111,7 @@ def test_ddp_on_two_gpus_over_nccl(tiny_model_dir, tmp_path):
                           "--group-size", 4, "--rollouts-per-step", 4, "--max-length", 12, "--max-steps", 2,
                           "--eval-interval", 2, "--debug-ranks", "--run-name", "ddp", "--log-dir", tmp_path / "runs",
                           "--checkpoint-path", tmp_path / "out")]
-    result = subprocess.run(list(map(str, command)), capture_output=True, text=True, timeout=900,
-                            env={**os.environ, "NCCL_DEBUG": "WARN"})
+    result = run_command(command, timeout=900, env={"NCCL_DEBUG": "WARN"})
     assert result.returncode == 0, result.stderr[-4000:]
     lines = {rank: [json.loads(line) for line in (tmp_path / "runs" / "ddp" / f"rank_{rank}.jsonl").read_text().splitlines()]
              for rank in (0, 1)}

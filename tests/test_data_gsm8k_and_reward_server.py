@@ -328,3 +328,42 @@ def test_a_hundred_clients_at_once_and_a_silent_one(tmp_path):
         silent.close()
     finally:
         stop_server(process)
+
+
+def test_a_number_of_5000_digits_is_a_bad_request(server):
+    """json.loads raises ValueError past 4,300 digits: the handler died and the connection closed without an answer."""
+    body = b'{"completions": ["<answer>1</answer>"], "answers": [' + b"7" * 5000 + b"]}"
+    status, reply = call(server + "/reward", body)
+    assert status == 400 and "not valid JSON" in reply["error"]
+
+
+def test_a_client_sending_a_byte_at_a_time_is_dropped_at_the_deadline(tmp_path):
+    """--client-timeout bounded each read only: a client sending one byte every 0.4 s kept its thread for ever.
+    Now the whole request must arrive within it."""
+    process, url = start_server(tmp_path, "--quiet", "--client-timeout", "1")
+    try:
+        drip = socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=10)
+        started, request = time.monotonic(), b"POST /reward HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n" + b"x" * 100
+        try:
+            for byte in request:
+                drip.sendall(bytes([byte]))
+                time.sleep(0.4)
+                if time.monotonic() - started > 10:
+                    break
+        except OSError:  # the server closed the connection: the deadline
+            pass
+        assert time.monotonic() - started < 5  # dropped about 1 s in, not after the 60 bytes' 24 s
+        drip.close()
+        assert call(url + "/health") == (200, {"status": "ok"})  # and it still serves
+    finally:
+        stop_server(process)
+
+
+@pytest.mark.parametrize("script, option", [(SERVER, ["--delay", "1e300"]), (SERVER, ["--client-timeout", "1e300"]),
+                                            (ROOT / "benchmarks" / "memory_estimate.py", ["--group-size", "0"])],
+                         ids=["delay", "client-timeout", "memory-estimate-group-size"])
+def test_values_the_scripts_cannot_run_are_refused(script, option):
+    """time.sleep(1e300) and a socket timeout of 1e300 raised OverflowError in the handler; --group-size 0 divided by
+    zero. Each is now refused by its option, with the range."""
+    result = run_script(script, *option, timeout=60)
+    assert result.returncode == 2 and option[0] in result.stderr and "Traceback" not in result.stderr

@@ -1,15 +1,13 @@
 """experiment_accelerate: gradient accumulation through accelerate equals one pass over the same data;
 `python` and `accelerate launch` both run it; save_state / load_state checkpoints resume at the right step."""
 
-import os
-import subprocess
 import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import ROOT, load_experiment, tensorboard_scalars, write_jsonl
+from conftest import ROOT, load_experiment, run_command, run_script, tensorboard_scalars, write_jsonl
 SCRIPT = ROOT / "experiment_accelerate" / "train.py"
 
 
@@ -66,7 +64,7 @@ def test_python_and_accelerate_launch_then_resume(tiny_model_dir, tasks, tmp_pat
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", ROOT / "experiment_accelerate" / "single_gpu.yaml",
               SCRIPT, *tiny_args(tiny_model_dir, tasks, tmp_path, "--quantization", "4bit", "--max-steps", "2",
                                  "--eval-interval", "2", "--mixed-precision", "bf16")]
-    first = subprocess.run(list(map(str, launch)), cwd=ROOT, capture_output=True, text=True, timeout=600)
+    first = run_command(launch)
     assert first.returncode == 0, first.stderr[-3000:]
     checkpoint = tmp_path / "out" / "acc" / "step_000002"
     state_dir = checkpoint / "accelerate_state"
@@ -76,9 +74,8 @@ def test_python_and_accelerate_launch_then_resume(tiny_model_dir, tasks, tmp_pat
     assert saved and all(".lora_" in name for name in saved)  # trainable weights only: no frozen 4-bit base model
     assert (checkpoint / "adapter_model.safetensors").is_file() and (checkpoint / "training_state.pt").is_file()
 
-    resumed = subprocess.run([sys.executable, str(SCRIPT), *tiny_args(tiny_model_dir, tasks, tmp_path, "--quantization", "4bit",
-                              "--max-steps", "3", "--eval-interval", "0", "--resume", tmp_path / "out" / "acc")],
-                             cwd=ROOT, capture_output=True, text=True, timeout=600)
+    resumed = run_script(SCRIPT, *tiny_args(tiny_model_dir, tasks, tmp_path, "--quantization", "4bit", "--max-steps", "3",
+                                            "--eval-interval", "0", "--resume", tmp_path / "out" / "acc"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resumed from {checkpoint} at step 2" in resumed.stdout
     assert sorted(step for step, _ in tensorboard_scalars(tmp_path / "runs" / "acc")["train/loss"]) == [1, 2, 3]
@@ -106,7 +103,6 @@ def test_refuses_several_processes(tiny_model_dir, tasks, tmp_path):
         port = s.getsockname()[1]
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
               "--main_process_port", port, SCRIPT, *tiny_args(tiny_model_dir, tasks, tmp_path, "--max-steps", "1")]
-    result = subprocess.run(list(map(str, launch)), cwd=ROOT, capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = run_command(launch, env={"OMP_NUM_THREADS": "1"})
     assert result.returncode != 0
     assert "experiment_accelerate trains in one process, not 2" in result.stderr + result.stdout

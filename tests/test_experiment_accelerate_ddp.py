@@ -8,7 +8,6 @@ resume from it."""
 import json
 import os
 import socket
-import subprocess
 import sys
 import textwrap
 
@@ -16,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import ROOT, tensorboard_scalars, write_jsonl
+from conftest import HANG_GUARD_SECONDS, ROOT, run_command, tensorboard_scalars, write_jsonl
 
 SCRIPT = ROOT / "experiment_accelerate_ddp" / "train.py"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # two processes on two cores: one thread each
@@ -28,11 +27,11 @@ def free_port():
         return s.getsockname()[1]
 
 
-def launch(*args, cwd, timeout=600):
+def launch(*args, cwd, timeout=HANG_GUARD_SECONDS):
     """`accelerate launch` with the folder's multi-GPU config: two processes, on gloo here (no CUDA)."""
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", ROOT / "experiment_accelerate_ddp" / "multi_gpu.yaml",
                "--num_processes", "2", "--main_process_port", free_port(), SCRIPT, *args]
-    return subprocess.run(list(map(str, command)), cwd=cwd, capture_output=True, text=True, timeout=timeout, env=ENV)
+    return run_command(command, timeout, cwd, ENV)
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +184,7 @@ def test_gradients_are_the_mean_over_all_sequences(tiny_model_dir, tmp_path):
     helper.write_text(GRADIENT_CHECK)
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", free_port(),
                helper, SCRIPT, tiny_model_dir]
-    result = subprocess.run(list(map(str, command)), cwd=tmp_path, capture_output=True, text=True, timeout=300, env=ENV)
+    result = run_command(command, cwd=tmp_path, env=ENV)
     assert result.returncode == 0, result.stderr[-4000:]
     results = [json.loads((tmp_path / f"result_{rank}.json").read_text()) for rank in (0, 1)]
     for r in results:

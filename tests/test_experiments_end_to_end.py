@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import (EXPERIMENTS, ROOT, TASK_EXPERIMENTS, load_experiment, run_script, seven_reward, tensorboard_scalars,
-                      write_jsonl)
+from conftest import (EXPERIMENTS, ROOT, TASK_EXPERIMENTS, hang_guard, load_experiment, run_script, seven_reward,
+                      tensorboard_scalars, write_jsonl)
 
 LOGGED = {
     "rollout/reward_mean", "rollout/reward_std", "rollout/reward_min", "rollout/reward_max", "rollout/format_rate",
@@ -104,7 +104,8 @@ def test_ctrl_c_saves_a_checkpoint(tiny_model_dir, tasks, tmp_path):
     while time.time() < deadline and len(tensorboard_scalars(tmp_path / "runs").get("train/loss", [])) < 2:
         time.sleep(0.5)
     process.send_signal(signal.SIGINT)
-    stdout, stderr = process.communicate(timeout=120)
+    with hang_guard("the interrupted run", 120):
+        stdout, stderr = process.communicate(timeout=120)
     assert process.returncode == 130, stderr[-3000:]
     steps = sorted((tmp_path / "out" / "e2e").glob("step_*[0-9]"))
     assert len(steps) == 1 and int(steps[0].name.split("_")[1]) >= 2
@@ -112,19 +113,27 @@ def test_ctrl_c_saves_a_checkpoint(tiny_model_dir, tasks, tmp_path):
 
 
 @pytest.mark.parametrize("name", TASK_EXPERIMENTS)
-def test_ctrl_c_during_the_first_evaluation_saves_step_0(name, tiny_model_dir, tasks, tmp_path, monkeypatch):
+def test_ctrl_c_during_the_first_evaluation_saves_nothing_and_blocks_nothing(name, tiny_model_dir, tasks, tmp_path,
+                                                                              monkeypatch, capsys):
     """Ctrl-C raises KeyboardInterrupt wherever the run is outside an update: in the step-0 evaluation too, which
-    runs before the first step, the run exits with 130 after writing a checkpoint it can resume from."""
+    runs before the first step. The run exits with 130 and writes no checkpoint of zero steps (one was written, and
+    it blocked the run name: the same command again was refused); the same command then starts the run."""
     module = load_experiment(name)
+    real_evaluate = module.evaluate
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt("SIGINT")
 
     monkeypatch.setattr(module, "evaluate", interrupted)
+    argv = [str(a) for a in tiny_args(tiny_model_dir, tasks, tmp_path, "--max-steps", "1", "--eval-interval", "1")]
     with pytest.raises(SystemExit) as stop:
-        module.main([str(a) for a in tiny_args(tiny_model_dir, tasks, tmp_path, "--max-steps", "2", "--eval-interval", "1")])
+        module.main(argv)
     assert stop.value.code == 130
-    assert [p.name for p in (tmp_path / "out" / "e2e").iterdir()] == ["step_000000"]
+    assert "before the first step; nothing to save" in capsys.readouterr().err
+    assert list((tmp_path / "out" / "e2e").iterdir()) == []
+    monkeypatch.setattr(module, "evaluate", real_evaluate)
+    module.main(argv)  # the same command, not refused
+    assert [p.name for p in (tmp_path / "out" / "e2e").iterdir()] == ["step_000001"]
 
 
 @pytest.mark.parametrize("name", TASK_EXPERIMENTS)

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, SINGLE_PROCESS, load_experiment
+from conftest import EXPERIMENTS, ROOT, SINGLE_PROCESS, load_experiment
 
 
 class RunsCode:
@@ -82,8 +82,17 @@ def test_a_reward_that_is_inf_in_float32_stops_the_run(experiment, tmp_path, mon
     (tmp_path / "huge_reward.py").write_text("def reward(completion, answer, metadata):\n    return 1e308\n")
     monkeypatch.chdir(tmp_path)
     score = experiment.Scorer(reward_fn="huge_reward:reward")
-    with pytest.raises(experiment.RewardError, match="not a finite float32 number"):
+    with pytest.raises(experiment.RewardError, match="must be a finite float32 number"):
         score(["<answer>1</answer>"], ["1"], [{}])
+
+
+def test_rewards_whose_spread_overflows_are_refused(experiment):
+    """Rewards of +-3e38 are finite float32 numbers, but their group's standard deviation overflows to inf, and
+    GRPO's advantages were silently 0. Every Scorer checks its rewards with check_finite."""
+    rewards = torch.tensor([3e38, -3e38])
+    assert torch.isinf(rewards.std())  # what GRPO's advantages would have divided by
+    with pytest.raises(experiment.RewardError, match="within \\+-1e\\+18"):
+        experiment.check_finite(rewards, {"custom": rewards}, ["<answer>1</answer>", "<answer>2</answer>"], ["1", "1"])
 
 
 
@@ -121,7 +130,7 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_steps_done(name, tiny_model_dir,
 # ---- the run folder: every checkpoint in it this run's own ----
 
 def tiny_run(module, model_dir, tmp_path, *extra, steps=1):
-    from conftest import seven_reward, write_jsonl
+    from conftest import write_jsonl
 
     data = write_jsonl(tmp_path / "tasks.jsonl", [{"question": f"Say {i}", "answer": "7"} for i in range(8)])
     if "multiturn_qa" in module.__file__:  # a corpus of its own, searched by BM25 (no encoder to load)
@@ -235,15 +244,60 @@ def test_huge_numbers_are_no_answer(task_experiment):
 
 
 @pytest.mark.parametrize("line, says", [("[" * 100_000 + "]" * 100_000, "nested too deeply"),
-                                        ('{"question": "What is \\ud800 + 1?", "answer": "2"}', "lone surrogate")],
-                         ids=["nested", "surrogate"])
+                                        ('{"question": "What is \\ud800 + 1?", "answer": "2"}', "lone surrogate"),
+                                        ('{"question": "Q", "answer": "1", "id": ' + "7" * 5000 + "}", "4300 digits"),
+                                        ('{"question": "Q", "answer": NaN}', "nan, which no completion can match"),
+                                        ('{"question": "Q", "answer": Infinity}', "inf, which no completion can match"),
+                                        ('{"question": "Q", "answer": 1e400}', "inf, which no completion can match"),
+                                        ('{"question": "Q", "answer": " "}', "field 'answer' is empty"),
+                                        ('{"question": "", "answer": "1"}', "field 'question' is empty")],
+                         ids=["nested", "surrogate", "5000-digits", "nan", "infinity", "1e400", "blank-answer", "empty-question"])
 def test_data_lines_that_no_model_can_take_name_file_and_line(experiment, tmp_path, line, says):
     """A line nested 100k deep raised RecursionError; a lone surrogate crashed at the first rollout, after the model
-    had loaded."""
+    had loaded; a number of 5,000 digits raised a ValueError traceback; NaN, Infinity, 1e400 and empty answers or
+    questions were taken, though no completion can ever match them."""
     data = tmp_path / "tasks.jsonl"
     data.write_text('{"question": "Q", "answer": "1"}\n' + line + "\n")
     with pytest.raises(experiment.InputError, match=rf"tasks.jsonl:2: .*{says}"):
         experiment.load_tasks(data)
+
+
+def test_data_with_a_bom_or_a_line_separator_inside_a_string_is_read(experiment, tmp_path):
+    """A UTF-8 byte-order mark was refused as invalid JSON on line 1, and a raw U+2028 inside a JSON string (legal
+    JSON) split its line in two ("Unterminated string")."""
+    data = tmp_path / "tasks.jsonl"
+    data.write_text('\ufeff{"question": "Q1", "answer": "1"}\n{"question": "Two\u2028lines", "answer": "2"}\n', encoding="utf-8")
+    tasks = experiment.load_tasks(data)
+    assert [(t["question"], t["answer"]) for t in tasks] == [("Q1", "1"), ("Two\u2028lines", "2")]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "folder"])
+def test_a_data_path_that_is_not_a_regular_file_is_refused(experiment, tmp_path, kind):
+    """A FIFO as --data-path hung the run; /dev/zero read until memory ran out."""
+    path = {"fifo": tmp_path / "pipe", "device": pathlib.Path("/dev/zero"), "folder": tmp_path}[kind]
+    if kind == "fifo":
+        os.mkfifo(path)
+    with pytest.raises(experiment.InputError, match="not a regular file"):
+        experiment.load_tasks(path)
+
+
+@pytest.mark.parametrize("option", [["--seed", "99999999999999999999"], ["--temperature", "1e-300"],
+                                    ["--seed", "-1"], ["--temperature", "1e300"]],
+                         ids=["seed-huge", "temperature-tiny", "seed-negative", "temperature-huge"])
+def test_options_the_code_cannot_run_are_refused(experiment, option, capsys):
+    """Inside their old ranges, these crashed: a seed past 2^64 in torch.manual_seed, a temperature of 1e-300 in
+    the sampler (logits / T overflow)."""
+    from conftest import fails_with
+
+    said = fails_with(experiment, ["--device", "cpu", *option], capsys)
+    assert option[0] in said and ("[0, 4294967295]" in said or "[0.001, 1000]" in said)
+
+
+def test_a_nucleus_smaller_than_float32_keeps_the_most_likely_token(experiment):
+    """--top-p 1e-300 is 0 in float32: the nucleus kept no token and the sampler raised IndexError."""
+    torch.manual_seed(0)
+    logits = torch.randn(4, 1000) * 5
+    assert torch.equal(experiment.sample_token(logits, 1.0, 1e-300), logits.argmax(-1))
 
 
 def test_a_missing_local_model_folder_is_named(experiment, tmp_path):
@@ -507,3 +561,344 @@ def test_a_prompt_longer_than_the_context_is_refused(name, tiny_model_dir, tmp_p
                                                       {"question": "Why " * 600 + "?", "answer": "7"}])
     said = fails_with(module, tiny_run(module, tiny_model_dir, tmp_path, "--data-path", long_data), capsys)
     assert "long.jsonl: the question 'Why Why" in said and "passes the model's context of 2048" in said
+
+
+# ---- round two: a second Ctrl-C, a wild reward reply, a run name that escapes its folder ----
+
+@pytest.fixture
+def signal_handlers():
+    """The test's process gets the run's Ctrl-C handling; the handlers pytest had are put back after."""
+    import signal
+
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
+
+
+class Closes:
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("name", [name for name in EXPERIMENTS if name != "experiment_accelerate_ddp"])
+def test_a_second_ctrl_c_neither_raises_nor_cuts_the_save_short(name, signal_handlers, tmp_path):
+    """Ctrl-C pressed again while an interrupted run saved raised KeyboardInterrupt inside the save: a traceback,
+    and only step_N.partial left. Now the first signal stops the run, later ones are let pass, and the save completes.
+    (experiment_accelerate_ddp's handler only takes note, all processes stopping together: it never raised.)"""
+    import signal
+
+    module = load_experiment(name)
+    interrupts = module.Interrupts()
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+    for _ in range(3):  # the run is stopping: these must not raise on the way to stopped()
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)
+    assert interrupts.stopping
+
+    def save():  # signals keep coming while the checkpoint is written
+        for _ in range(20):
+            os.kill(os.getpid(), signal.SIGINT)
+        (tmp_path / "step_000003").mkdir()
+
+    with pytest.raises(SystemExit) as stop:
+        module.stopped(KeyboardInterrupt("SIGINT"), 3, tmp_path, save, Closes(), Closes())
+    assert stop.value.code == 130 and (tmp_path / "step_000003").is_dir()
+
+
+def test_a_storm_of_ctrl_c_keeps_the_steps_done(tiny_model_dir, tmp_path):
+    """The hostile try, for real: SIGINT every 5 ms from the second step on, for two seconds. It was a traceback
+    and every step since the last checkpoint lost; now one checkpoint of the steps done, complete, and exit 130."""
+    import signal
+    import subprocess
+    import time
+
+    from conftest import hang_guard, tensorboard_scalars
+
+    argv = tiny_run(load_experiment("experiment_base"), tiny_model_dir, tmp_path, "--checkpoint-interval", "0", steps=100000)
+    process = subprocess.Popen([sys.executable, str(ROOT / "experiment_base" / "train.py"), *map(str, argv)], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and len(tensorboard_scalars(tmp_path / "runs").get("train/loss", [])) < 2:
+        time.sleep(0.2)
+    storm_ends = time.time() + 2
+    while time.time() < storm_ends and process.poll() is None:
+        process.send_signal(signal.SIGINT)
+        time.sleep(0.005)
+    with hang_guard("the interrupted run", 120):
+        _, stderr = process.communicate(timeout=120)
+    # 130, or killed by a SIGINT of the storm that came after the save, once Python's exit had put back the default
+    # handler: either way stopped by Ctrl-C (a shell shows both as 130), with the steps done saved
+    assert process.returncode in (130, -signal.SIGINT) and "Traceback" not in stderr, stderr[-3000:]
+    steps = list((tmp_path / "out" / "r").iterdir())
+    assert len(steps) == 1 and re_step(steps[0].name) >= 2 and (steps[0] / "training_state.pt").is_file()
+
+
+def re_step(name):
+    import re
+
+    match = re.fullmatch(r"step_(\d+)", name)
+    assert match, name  # no step_N.partial
+    return int(match[1])
+
+
+def huge_number(connection, stop):  # an integer too large for a float
+    body = b'{"rewards": [1' + b"0" * 400 + b"]}"
+    connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+
+
+def nested_deep(connection, stop):  # JSON nested 100,000 deep: a RecursionError in the parser
+    body = b'{"rewards": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+
+
+def redirect(connection, stop):  # urllib would follow it with a GET, dropping the body
+    connection.sendall(b"HTTP/1.1 302 Found\r\nLocation: http://user:hunter2@127.0.0.1:9/elsewhere\r\nContent-Length: 0\r\n\r\n")
+
+
+def server_error(connection, stop):  # the service's own error, which the message must carry
+    body = b"KeyError: 'answers' in score()"
+    connection.sendall(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+
+
+def too_large(connection, stop):  # more than the client reads (MAX_REPLY_BYTES is set to 1,000 below)
+    body = b'{"rewards": [' + b"1.0, " * 1000 + b"1.0]}"
+    connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+
+
+@pytest.mark.parametrize("reply, says", [(huge_number, "expected 1 finite numbers"), (nested_deep, "RecursionError"),
+                                         (redirect, "HTTP 302, a redirect to http://***@127.0.0.1:9/elsewhere"),
+                                         (server_error, "HTTP 500: KeyError: 'answers' in score()"),
+                                         (too_large, "larger than 1,000 bytes")],
+                         ids=["int-too-large-for-a-float", "nested-100000-deep", "redirect", "server-error", "too-large"])
+def test_a_wild_reward_reply_is_a_reward_error(experiment, reply, says, monkeypatch):
+    """An integer too large for a float, or JSON nested 100,000 deep, gave an OverflowError or RecursionError
+    traceback (no save); a 302 turned the POST into a GET; a 500 said "is the service running?" without the service's
+    own error; a reply of any size was read whole. Each is now a RewardError, which saves the steps done."""
+    if reply is too_large:
+        monkeypatch.setattr(experiment, "MAX_REPLY_BYTES", 1000)
+    url, close = raw_server(reply)
+    try:
+        with pytest.raises(experiment.RewardError) as error:
+            experiment.remote_rewards(url, ["c"], ["a"], [{}], timeout=5.0, retries=1)
+        assert says in str(error.value) and "hunter2" not in str(error.value)
+    finally:
+        close()
+
+
+def test_credentials_in_the_reward_url_are_never_printed_nor_stored(experiment, capsys):
+    """A --reward-url with user:password@ echoed the password in its error and was stored whole in every
+    checkpoint's options and in W&B's config."""
+    from conftest import fails_with
+
+    url = "http://trainer:hunter2@127.0.0.1:9/reward"  # port 9: nothing listens
+    with pytest.raises(experiment.RewardError) as error:
+        experiment.remote_rewards(url, [], [], [], timeout=1.0, retries=1)
+    assert "hunter2" not in str(error.value) and "http://***@127.0.0.1:9/reward" in str(error.value)
+    args = experiment.parse_args(["--device", "cpu", "--reward-url", url, "--run-name", "r"])
+    assert args.reward_url == url  # the run itself uses it
+    recorded = experiment.training_state(args, 1, (0, 0))["args"]
+    assert "hunter2" not in str(recorded) and recorded["reward_url"] == "http://***@127.0.0.1:9/reward"
+    assert "hunter2" not in fails_with(experiment, ["--device", "cpu", "--reward-url", "http://u:hunter2@ bad"], capsys)
+
+
+@pytest.mark.parametrize("run_name", ["../../x", "ABSOLUTE", ".", "..", "a/b"])
+def test_a_run_name_is_one_plain_folder_name(experiment, run_name, tmp_path, capsys):
+    """--run-name ../../x or an absolute one put checkpoints and events outside --checkpoint-path and --log-dir,
+    and '.' straight into their roots. (The roots and the missing model keep the old code's escape inside tmp_path.)"""
+    from conftest import fails_with
+
+    run_name = str(tmp_path / "elsewhere") if run_name == "ABSOLUTE" else run_name
+    roots = ["--checkpoint-path", tmp_path / "a" / "b" / "out", "--log-dir", tmp_path / "a" / "b" / "runs"]
+    said = fails_with(experiment, ["--device", "cpu", "--model-name", tmp_path / "no-model", *roots, "--run-name",
+                                   run_name], capsys)
+    assert "--run-name" in said and "one plain folder name" in said
+    assert not (tmp_path / "a").exists() and not (tmp_path / "elsewhere").exists()  # nothing written anywhere
+
+
+@pytest.mark.parametrize("name", SINGLE_PROCESS)
+def test_keep_checkpoints_keeps_the_newest_past_step_999999(name, tmp_path):
+    """Names sort as text: step_1000000 came before step_999999, and --keep-checkpoints 1 deleted the newest."""
+    module = load_experiment(name)
+    (tmp_path / "step_999999").mkdir()
+    (tmp_path / "step_999999" / "adapter_model.safetensors").write_bytes(b"old")
+    weight = torch.nn.Parameter(torch.zeros(2))
+    optimizer = torch.optim.AdamW([weight])
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: 1.0)
+
+    class Model:
+        def save_pretrained(self, folder):
+            pathlib.Path(folder).mkdir(parents=True)
+            (pathlib.Path(folder) / "adapter_model.safetensors").write_bytes(b"new")
+
+    module.save_checkpoint(tmp_path / "step_1000000", Model(), optimizer, scheduler, {"step": 1000000}, keep=1)
+    assert [p.name for p in tmp_path.iterdir()] == ["step_1000000"]
+    assert [p.name for p in module.checkpoints_in(tmp_path)] == ["step_1000000"]
+
+
+def test_checkpoints_are_ordered_by_step_number(experiment, tmp_path):
+    for step in (2, 1000000, 999999, 10):
+        (tmp_path / f"step_{step:06d}").mkdir()
+    (tmp_path / "step_000003.partial").mkdir()
+    assert [p.name for p in experiment.checkpoints_in(tmp_path)] == ["step_000002", "step_000010", "step_999999",
+                                                                    "step_1000000"]
+
+
+def test_a_reward_fn_of_the_wrong_shape_is_refused_before_the_model_loads(experiment, tmp_path, monkeypatch, capsys):
+    """A --reward-fn taking two arguments failed at the first reward, after the model had loaded, leaving a
+    step_000000 that blocked the run name; a --reward-fn-timeout too large for the clock failed the same way."""
+    from conftest import fails_with
+
+    (tmp_path / "two_args.py").write_text("def reward(completion, answer):\n    return 1.0\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(experiment.InputError, match=r"reward\(completion, answer\) cannot be called as "
+                                                    r"reward\(completion, answer, metadata\)"):
+        experiment.load_reward_fn("two_args:reward")
+    for option in (["--reward-fn-timeout", "1e300"], ["--reward-timeout", "1e300"]):
+        said = fails_with(experiment, ["--device", "cpu", *option], capsys)
+        assert option[0] in said and "(0, 1e6]" in said
+
+
+@pytest.mark.parametrize("value", ['"0.5"', "True", "[1.0]"], ids=["string", "boolean", "list"])
+def test_a_reward_fn_returning_no_number_is_refused(experiment, tmp_path, monkeypatch, value):
+    """A --reward-fn returning the string "0.5" or True was taken as 0.5 or 1.0."""
+    (tmp_path / "not_a_number.py").write_text(f"def reward(completion, answer, metadata):\n    return {value}\n")
+    monkeypatch.chdir(tmp_path)
+    function = experiment.load_reward_fn("not_a_number:reward")
+    with pytest.raises(experiment.RewardError, match="not a finite number"):
+        function("c", "a", {})
+    (tmp_path / "numpy_number.py").write_text("import numpy\ndef reward(completion, answer, metadata):\n"
+                                              "    return numpy.float32(0.25)\n")
+    assert experiment.load_reward_fn("numpy_number:reward")("c", "a", {}) == 0.25  # any kind of number still counts
+
+
+@pytest.mark.parametrize("name", SINGLE_PROCESS + ["experiment_accelerate"])
+def test_two_runs_under_one_name_never_share_a_tensorboard_folder(name, tiny_model_dir, tmp_path, capsys):
+    """The same --run-name under another --checkpoint-path wrote into the first run's TensorBoard folder: two runs
+    in one curve. The log folder is claimed as the run folder is."""
+    from conftest import fails_with, tensorboard_scalars
+
+    module = load_experiment(name)
+    module.main([str(a) for a in tiny_run(module, tiny_model_dir, tmp_path)])
+    said = fails_with(module, [*tiny_run(module, tiny_model_dir, tmp_path), "--checkpoint-path", tmp_path / "other"], capsys)
+    assert "holds the TensorBoard events of another run" in said and str(tmp_path / "out" / "r") in said
+    assert [step for step, _ in tensorboard_scalars(tmp_path / "runs" / "r")["train/loss"]] == [1]
+
+
+def test_resume_applies_a_new_learning_rate_and_refuses_other_data(two_steps, tiny_model_dir, tmp_path, capsys):
+    """--resume with another --lr exited 0 with the old rate silently kept (restored with the optimizer) while the
+    checkpoint recorded the new one. Now the new rate is the one in force and recorded; a resume with other data
+    options (whose position the checkpoint holds) is refused naming both values."""
+    from conftest import fails_with
+
+    module, run_dir = two_steps
+    module.main([str(a) for a in tiny_run(module, tiny_model_dir, tmp_path, "--resume", run_dir, "--lr", "3e-3", steps=3)])
+    assert "--lr 0.003 from here on (the checkpoint's run had 0.0001)" in capsys.readouterr().out
+    state = module.load_state_file(run_dir / "step_000003")
+    assert state["args"]["lr"] == 3e-3 and state["optimizer"]["param_groups"][0]["lr"] == pytest.approx(3e-3)
+    assert state["scheduler"]["base_lrs"] == [3e-3]
+    for option, says in ((["--seed", "7"], "--seed 42 there, 7 here"), (["--max-prompts", "4"], "--max-prompts None there, 4 here")):
+        said = fails_with(module, tiny_run(module, tiny_model_dir, tmp_path, "--resume", run_dir, *option, steps=4), capsys)
+        assert says in said and "start a new run" in said
+
+
+@pytest.mark.parametrize("name", SINGLE_PROCESS)
+def test_a_save_over_the_file_size_limit_names_the_cause(name, tmp_path):
+    """Under a file-size limit (ulimit -f) a save said only "unexpected pos 153344 vs 153232". It now names the
+    limit, and that the earlier checkpoints were not touched."""
+    import resource
+
+    module = load_experiment(name)
+    (tmp_path / "step_000001").mkdir()
+    weight = torch.nn.Parameter(torch.zeros(100_000))
+    optimizer = torch.optim.AdamW([weight])
+    weight.grad = torch.ones_like(weight)
+    optimizer.step()  # two moments of 100,000 floats: 800 KB to save
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: 1.0)
+
+    class Model:
+        def save_pretrained(self, folder):
+            pathlib.Path(folder).mkdir(parents=True)
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, hard))
+    try:
+        with pytest.raises(module.InputError) as error:
+            module.save_checkpoint(tmp_path / "step_000002", Model(), optimizer, scheduler, {"step": 2}, keep=3)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert "a file-size limit of 100,000 bytes is in force (ulimit -f)" in str(error.value)
+    assert "the earlier checkpoints are kept" in str(error.value)
+    assert [p.name for p in tmp_path.iterdir()] == ["step_000001"]  # no half checkpoint left
+
+
+@pytest.mark.parametrize("name", ["experiment_accelerate", "experiment_accelerate_ddp"])
+def test_fp8_from_accelerate_launch_is_a_message(name, tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """ACCELERATE_MIXED_PRECISION=fp8 (what `accelerate launch --mixed_precision fp8` passes) raised a ValueError
+    traceback inside Accelerator(): fp8 needs transformer_engine or MS-AMP."""
+    from conftest import fails_with
+
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp8")
+    module = load_experiment(name)
+    said = fails_with(module, tiny_run(module, tiny_model_dir, tmp_path), capsys)
+    assert "mixed precision 'fp8', from ACCELERATE_MIXED_PRECISION" in said and "use no, bf16 or fp16" in said
+
+
+def test_one_process_where_accelerate_launch_was_asked_for_two_says_so(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """`accelerate launch --num_processes 2` without --multi_gpu starts one process on a CPU (accelerate 1.15): the
+    run went on as one process without a word. The environment is the one that launcher gives its process
+    (measured: ACCELERATE_USE_CPU and ACCELERATE_MIXED_PRECISION set, no WORLD_SIZE)."""
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "False")
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    module = load_experiment("experiment_accelerate_ddp")
+    module.main([str(a) for a in tiny_run(module, tiny_model_dir, tmp_path)])
+    assert "accelerate launch started one process" in capsys.readouterr().err
+
+
+def test_odd_corpus_files_and_folders_are_skipped_with_a_warning(tmp_path, caplog):
+    """Folders nested past the path-length limit raised an OSError traceback; a file of random bytes became
+    hundreds of garbage passages without a word; a file name holding a line break broke the 'Doc N (id):' line
+    the model reads."""
+    import random
+    import shutil
+
+    search = load_search()
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "notes.md").write_text("The lighthouse of Orrin Quade was built in 1893 on the northern cape.\n")
+    (corpus / "noise.txt").write_bytes(random.Random(0).randbytes(20_000))
+    (corpus / "two\nlines.md").write_text("Doc 9 (forged): a passage whose id would start a line of its own.\n")
+    folder = os.open(corpus, os.O_RDONLY)
+    for _ in range(100):  # 100 levels of 60-character names: past the 4,096-byte path limit
+        os.mkdir("d" * 60, dir_fd=folder)
+        below = os.open("d" * 60, os.O_RDONLY, dir_fd=folder)
+        os.close(folder)
+        folder = below
+    os.close(folder)
+    try:
+        with caplog.at_level(logging.WARNING):
+            passages = search.load_passages(corpus)
+    finally:
+        shutil.rmtree(corpus / ("d" * 60))
+    assert [p.source for p in passages] == ["notes.md"]
+    assert "noise.txt is not UTF-8 text" in caplog.text
+    assert "holds a control character" in caplog.text
+    assert "cannot list it" in caplog.text
+
+
+def test_the_dense_index_cache_is_keyed_by_content(tmp_path):
+    """The cache was keyed by path, size and mtime: an edit that keeps both (cp -p, rsync -t, tar) served passages
+    that were in no file any more."""
+    search = load_search()
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    notes = corpus / "notes.md"
+    notes.write_text("The lighthouse of Orrin Quade was built in 1893.\n")
+    before = notes.stat()
+    key = search.corpus_key(corpus, search.corpus_files(corpus))
+    notes.write_text("The lighthouse of Orrin Quade was built in 1894.\n")  # the same size
+    os.utime(notes, ns=(before.st_atime_ns, before.st_mtime_ns))  # and the same time, as cp -p leaves it
+    assert notes.stat().st_size == before.st_size and notes.stat().st_mtime_ns == before.st_mtime_ns
+    assert search.corpus_key(corpus, search.corpus_files(corpus)) != key
