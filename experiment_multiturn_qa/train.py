@@ -1138,7 +1138,7 @@ def remote_rewards(url, completions, answers, metadata, timeout=30.0, retries=3)
     opener = urllib.request.build_opener(NoRedirect)
     for attempt in range(1, retries + 1):
         try:
-            answer = within(timeout, lambda: opener.open(request, timeout=timeout).read(MAX_REPLY_BYTES + 1))  # whole, in
+            answer = within(timeout, lambda: read_reply(opener.open(request, timeout=timeout)))  # the whole answer in
             if len(answer) > MAX_REPLY_BYTES:  # time: a socket timeout bounds each read only, not a byte a second
                 raise RewardError(f"--reward-url {shown}: the answer is larger than {MAX_REPLY_BYTES:,} bytes")
             rewards = json.loads(answer)["rewards"]
@@ -1162,6 +1162,15 @@ def remote_rewards(url, completions, answers, metadata, timeout=30.0, retries=3)
     if not isinstance(rewards, list) or len(rewards) != len(completions) or not all(map(finite_number, rewards)):
         raise RewardError(f"--reward-url {shown}: expected {len(completions)} finite numbers, got {str(rewards)[:200]}")
     return [float(r) for r in rewards]
+
+def read_reply(response):
+    """At most MAX_REPLY_BYTES + 1 bytes of the answer; IncompleteRead if it stops short of its Content-Length (a read
+    with a size returns what came, where a whole read would have said so)."""
+    data = response.read(MAX_REPLY_BYTES + 1)
+    promised = response.getheader("Content-Length", "")
+    if promised.isdigit() and len(data) < int(promised) <= MAX_REPLY_BYTES:
+        raise http.client.IncompleteRead(data, int(promised) - len(data))
+    return data
 
 def finite_number(value):
     """A number, not a boolean nor a string, that is finite as a float (10**400 is an int too large for one)."""

@@ -170,11 +170,11 @@ def test_resuming_an_older_step_moves_the_newer_ones_aside(name, tiny_model_dir,
     run_dir = tmp_path / "out" / "r"
     old_step_2 = files_of(run_dir / "step_000002")
     module.main([str(a) for a in tiny_run(module, tiny_model_dir, tmp_path, "--resume", run_dir / "step_000001",
-                                          "--seed", "7", steps=2)])
+                                          "--lr", "5e-2", steps=2)])
     assert "moved the newer step_000002" in capsys.readouterr().err
     aside = list(run_dir.glob("superseded-*"))
     assert len(aside) == 1 and files_of(aside[0] / "step_000002") == old_step_2
-    assert files_of(run_dir / "step_000002") != old_step_2  # written by the resumed run (another seed)
+    assert files_of(run_dir / "step_000002") != old_step_2  # written by the resumed run (another learning rate)
 
 
 def test_a_run_folder_in_use_is_refused(tiny_model_dir, tmp_path, capsys):
@@ -192,7 +192,7 @@ def test_a_run_folder_in_use_is_refused(tiny_model_dir, tmp_path, capsys):
         said = fails_with(module, tiny_run(module, tiny_model_dir, tmp_path), capsys)
     finally:
         os.close(held)
-    assert "another run is writing to this run folder" in said
+    assert "another run is writing to this folder now" in said
 
 
 def test_unwritable_checkpoint_path_is_refused_before_the_model_loads(experiment, tmp_path, capsys):
