@@ -41,17 +41,17 @@ def test_step_time_benchmark_runs(tiny_model_dir, tmp_path):
 
 
 def test_learning_benchmark_runs(tiny_model_dir, tmp_path):
-    result = run_script(ROOT / "benchmarks" / "learning.py", "--model-name", tiny_model_dir, "--steps", "2",
+    result = run_script(ROOT / "benchmarks" / "learning.py", "--model-name", tiny_model_dir, "--steps", "1",
                         "--eval-prompts", "3", "--eval-interval", "1", "--samples", "2", "--out", tmp_path, "--seeds", "2",
                         "--run-name", "smoke", "--", "--max-length", "8", "--dtype", "float32", "--group-size", "2",
                         "--rollouts-per-step", "2")
     assert result.returncode == 0, result.stderr[-3000:]
     figures = json.loads((tmp_path / "learning.json").read_text())
-    assert figures["task"] == "sequence" and figures["steps"] == 2  # the default, as experiment_base's on CPU
+    assert figures["task"] == "sequence" and figures["steps"] == 1  # the default, as experiment_base's on CPU
     runs = figures["runs"]
     assert [run["seed"] for run in runs] == [42, 43] and all(run["minutes"] > 0 for run in runs)
     for run in runs:  # each seed's own curve, from its own TensorBoard folder
-        assert [step for step, _ in run["curves"]["eval/accuracy"]] == [0, 1, 2]
+        assert [step for step, _ in run["curves"]["eval/accuracy"]] == [0, 1]
         assert run["before"]["accuracy"] == run["curves"]["eval/accuracy"][0][1]
         assert run["after"]["format_rate"] == run["curves"]["eval/format_rate"][-1][1]
         assert run["gain"] == run["after"]["accuracy"] - run["before"]["accuracy"]
@@ -173,7 +173,7 @@ def test_gpu_run_dry_run(tmp_path):
         assert refused.returncode != 0 and "no CUDA device here; --dry-run" in refused.stderr
 
 
-def test_evaluate_takes_the_checkpoints_own_adapter_shape(tiny_model_dir, tmp_path):
+def test_evaluate_takes_the_checkpoints_own_adapter_shape(tiny_model_dir, tmp_path, capsys):
     """--checkpoint of a missing folder failed after the model had loaded; a checkpoint trained with another
     --lora-r or --lora-alpha was loaded into an r=16, alpha=32 adapter (a size mismatch, or silently the wrong scale).
     Now a missing one is refused first, a run folder gives its newest step, and the adapter is built as saved."""
@@ -191,7 +191,8 @@ def test_evaluate_takes_the_checkpoints_own_adapter_shape(tiny_model_dir, tmp_pa
     evaluate = load_module(ROOT / "benchmarks" / "evaluate.py")
     args = evaluate.parse_args(["--checkpoint", str(tmp_path / "out" / "alpha64")])
     assert args.checkpoint.name == "step_000001" and args.lora_options == ["--lora-r", "4", "--lora-alpha", "64"]
-    stdout, table = run_benchmark(tmp_path, "evaluate.py", "--model-name", tiny_model_dir, "--checkpoint",
-                                  tmp_path / "out" / "alpha64", "--tasks", "gsm8k", "--data", f"gsm8k={data}",
-                                  "--max-length", "4", "--dtype", "float32", dtype="float32")
-    assert table["gsm8k"]["problems"] == 4 and "newest checkpoint of that run, step_000001" in stdout
+    capsys.readouterr()
+    evaluate.main(["--model-name", str(tiny_model_dir), "--checkpoint", str(tmp_path / "out" / "alpha64"), "--tasks", "gsm8k",
+                   "--data", f"gsm8k={data}", "--max-length", "4", "--dtype", "float32", "--json", str(tmp_path / "e.json")])
+    table = json.loads((tmp_path / "e.json").read_text())
+    assert table["gsm8k"]["problems"] == 4 and "newest checkpoint of that run, step_000001" in capsys.readouterr().out
