@@ -90,10 +90,10 @@ def workload(args, base):
     return path, dtype, device, tokenizer, tasks
 
 
-def resolved_dtype(args):
-    """The dtype workload() gives both sides for args.dtype on this machine (auto: bfloat16 where the CPU has it)."""
+def resolved_dtype(name):
+    """The dtype experiment_base's --dtype NAME gives on this machine (auto: bfloat16 where the hardware has it)."""
     base = load_experiment()
-    return base.resolve_dtype(args.dtype, "cuda" if base.torch.cuda.is_available() else "cpu")
+    return base.resolve_dtype(name, "cuda" if base.torch.cuda.is_available() else "cpu")
 
 
 def peak_memory(device):
@@ -238,8 +238,8 @@ def machine(dtype):
     except OSError:  # not Linux: the model from platform, the flags unknown
         pass
     flags = set(fields.get("flags", "").split())
-    info = {"cpu": fields.get("model name") or platform.processor() or platform.machine(), "cores": os.cpu_count(), "avx512_bf16": "avx512_bf16" in flags, "amx_bf16": "amx_bf16" in flags,
-            "dtype": str(dtype).removeprefix("torch.")}
+    info = {"cpu": fields.get("model name") or platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "avx512_bf16": "avx512_bf16" in flags, "amx_bf16": "amx_bf16" in flags, "dtype": str(dtype).removeprefix("torch.")}
     print(f"machine: {info['cpu']}, {info['cores']} cores, AVX512-BF16 {'yes' if info['avx512_bf16'] else 'no'}, "
           f"AMX-BF16 {'yes' if info['amx_bf16'] else 'no'}; dtype {info['dtype']}", flush=True)
     return info

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 import torch
-from common import load_experiment, machine, write_json
+from common import load_experiment, machine, resolved_dtype, write_json
 
 TASKS = list(load_experiment().TASKS)  # experiment_base's --task choices
 
@@ -136,7 +136,7 @@ def main(argv=None):
         else:
             row = f"| {task} | {r['problems']} | {r['eval/accuracy']:.0%} | {r['eval/format_rate']:.0%} |"
             print(row + (f" {r['sample_accuracy']:.1%} | {r[f'pass@{k}']:.0%} |" if k else ""))
-    write_json(args.json, results, machine(base.resolve_dtype(args.dtype, "cuda" if torch.cuda.is_available() else "cpu")))
+    write_json(args.json, results, machine(resolved_dtype(args.dtype)))
 
 
 if __name__ == "__main__":

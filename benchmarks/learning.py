@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import ROOT, load_experiment, machine, scalars
+from common import ROOT, load_experiment, machine, resolved_dtype, scalars
 
 TASKS = list(load_experiment().TASKS)  # experiment_base's --task choices
 FILTERS = {"math": ["--filter", "num_terms=2", "--filter", "num_digits=2", "--filter", "ops=+,-"]}  # before yours
@@ -162,9 +162,8 @@ def main(argv=None):
     args = parse_args(argv)
     run_name = args.run_name or f"learning-{time.strftime('%Y%m%d-%H%M%S')}"
     args.out.mkdir(parents=True, exist_ok=True)
-    base = load_experiment()
-    dtype = base.parse_args(["--model-name", args.model_name, *args.train_args]).dtype  # --dtype after --, else auto
-    where = machine(base.resolve_dtype(dtype, "cuda" if base.torch.cuda.is_available() else "cpu"))
+    dtype = load_experiment().parse_args(["--model-name", args.model_name, *args.train_args]).dtype  # after --, or auto
+    where = machine(resolved_dtype(dtype))
     seeds = range(args.seed, args.seed + args.seeds)
     runs = [train(args, seed, f"{run_name}-seed{seed}" if args.seeds > 1 else run_name) for seed in seeds]
     summary = {"gain": spread([r["gain"] for r in runs]), "minutes": spread([r["minutes"] for r in runs]),

@@ -100,7 +100,7 @@ def main(argv=None):
     for config, r in results.items():
         step = r["sampling_seconds"] + r["training_seconds"]
         print(f"| {config} | {r['sampling_seconds']:.2f} | {r['training_seconds']:.2f} | {step:.2f} | {r['peak_rss_gb']:.2f} |")
-    write_json(args.json, results, machine(f"{resolved_dtype(args)} (fp32: float32)"))
+    write_json(args.json, results, machine(f"{resolved_dtype(args.dtype)} (fp32: float32)"))
 
 
 if __name__ == "__main__":

@@ -42,12 +42,11 @@ def parse_args(argv=None):
     p.add_argument("--tiny", action="store_true", help="2 layers instead of 16 (the per-layer parts scale)")
     p.add_argument("--json", type=Path, help="also write the parts and totals as JSON here")
     args = p.parse_args(argv)
-    for name in ("group_size", "generation_batch_size", "train_batch_size", "prompt_length", "max_length", "lora_r",
-                 "measure_tokens"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    if args.measure_tokens < 2:  # half of them are the completion whose log-probs are measured
-        p.error(f"--measure-tokens must be at least 2, got {args.measure_tokens}")
+    least = {"group_size": 1, "generation_batch_size": 1, "train_batch_size": 1, "prompt_length": 1, "max_length": 1,
+             "lora_r": 1, "measure_tokens": 2}  # half of the measured tokens are a completion: at least 2
+    for name, minimum in least.items():
+        if getattr(args, name) < minimum:
+            p.error(f"--{name.replace('_', '-')} must be at least {minimum}, got {getattr(args, name)}")
     return args
 
 

@@ -85,7 +85,7 @@ def main(argv=None):
         print(f"| {label:28s} | {fmt.format(project[key]):>8s} | {fmt.format(trl[key]):>8s} | {project[key] / trl[key]:>13.2f} |")
     results["settings"] = {k: str(v) for k, v in vars(args).items()}
     results["ratios"] = {key: project[key] / trl[key] for _, key, _ in rows}
-    write_json(args.json, results, machine(resolved_dtype(args)))
+    write_json(args.json, results, machine(resolved_dtype(args.dtype)))
 
 
 if __name__ == "__main__":

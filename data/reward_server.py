@@ -161,7 +161,7 @@ class RewardHandler(BaseHTTPRequestHandler):
     def handle(self):
         try:
             super().handle()
-        except (BrokenPipeError, ConnectionResetError, TimeoutError, OSError):
+        except OSError:  # BrokenPipeError, ConnectionResetError, TimeoutError, a socket shut at the deadline
             pass  # the client gave up (its timeout ran out during --delay) or went silent: nothing left to answer
 
 

@@ -1596,16 +1596,6 @@ class Interrupts:
         if accelerator.reduce(interrupted, "sum").item() > 0:
             raise KeyboardInterrupt(signal.Signals(self.pending).name if self.pending else "another process")
 
-@contextlib.contextmanager
-def signals_held():
-    """Ctrl-C and SIGTERM do nothing inside the block (the final save), whatever stopped the run; then as before."""
-    handlers = {signum: signal.signal(signum, lambda *_: None) for signum in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for signum, handler in handlers.items():
-            signal.signal(signum, handler)
-
 def stopped(stop, step, run_dir, save, logger, progress):
     """Save the steps done and report: Ctrl-C exits with 130, a reward failure or divergence goes on to main's error
     message. A step that diverged after some of its updates is not saved (its weights are half updated). Every process
@@ -1620,8 +1610,7 @@ def stopped(stop, step, run_dir, save, logger, progress):
         say(f"{what}: before the first step; nothing to save")
     else:
         say(f"{what}: saving step {step} to {run_dir} (Ctrl-C again waits until it is written)")
-        with signals_held():
-            save()
+        save()
     if logger:
         logger.close()
     if isinstance(stop, KeyboardInterrupt):

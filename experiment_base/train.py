@@ -558,7 +558,7 @@ def run(args):
                 save()
         save()
     except (KeyboardInterrupt, RewardError, DivergedError) as stop:
-        stopped(stop, step, run_dir, save, logger, progress)  # saves the steps done, then exits or re-raises
+        stopped(stop, step, run_dir, save, logger, progress, interrupts)  # saves the steps done, then exits or re-raises
     progress.close()
     logger.close()
     print(f"done: {step} steps; checkpoint in {run_dir / f'step_{step:06d}'}")
@@ -1444,19 +1444,10 @@ class Interrupts:
         if self.pending is not None and not self.stopping:
             self.stop(self.pending)
 
-@contextlib.contextmanager
-def signals_held():
-    """Ctrl-C and SIGTERM do nothing inside the block (the final save), whatever stopped the run; then as before."""
-    handlers = {signum: signal.signal(signum, lambda *_: None) for signum in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for signum, handler in handlers.items():
-            signal.signal(signum, handler)
-
-def stopped(stop, step, run_dir, save, logger, progress):
+def stopped(stop, step, run_dir, save, logger, progress, interrupts):
     """Save the steps done and report: Ctrl-C exits with 130, a reward failure or divergence goes on to main's error
     message. A step that diverged after some of its updates is not saved (its weights are half updated)."""
+    interrupts.stopping = True  # any later Ctrl-C or SIGTERM is let pass: the save is not cut short
     progress.close()
     half_updated = isinstance(stop, DivergedError) and stop.updates_made > 0
     what = {KeyboardInterrupt: "\ninterrupted", RewardError: "\nthe reward failed"}.get(type(stop), f"\nstep {step + 1} diverged")
@@ -1466,8 +1457,7 @@ def stopped(stop, step, run_dir, save, logger, progress):
         print(f"{what}: before the first step; nothing to save", file=sys.stderr)
     else:
         print(f"{what}: saving step {step} to {run_dir} (Ctrl-C again waits until it is written)", file=sys.stderr)
-        with signals_held():
-            save()
+        save()
     logger.close()
     if isinstance(stop, KeyboardInterrupt):
         sys.exit(130)

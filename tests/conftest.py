@@ -174,7 +174,7 @@ def write_jsonl(path, rows):
 
 
 # A subprocess's timeout in a test guards against a hang, nothing more: no test waits on the CPU's speed. The slowest
-# subprocess test took 27 s on the slowest CPU measured (a 2-core AMD EPYC without AVX-512, float32, 2026-11-24), so
+# subprocess test (the GPU kit's dry run) took 28 s on a 2-core AMD EPYC without AVX-512 (float32, 2026-11-24), so
 # the default guard is 600 s; a test whose process takes longer passes its own.
 HANG_GUARD_SECONDS = 600
 

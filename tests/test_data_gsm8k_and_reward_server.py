@@ -363,7 +363,8 @@ def test_a_client_sending_a_byte_at_a_time_is_dropped_at_the_deadline(tmp_path):
                                             (ROOT / "benchmarks" / "memory_estimate.py", ["--group-size", "0"])],
                          ids=["delay", "client-timeout", "memory-estimate-group-size"])
 def test_values_the_scripts_cannot_run_are_refused(script, option):
-    """time.sleep(1e300) and a socket timeout of 1e300 raised OverflowError in the handler; --group-size 0 divided by
-    zero. Each is now refused by its option, with the range."""
+    """--delay 1e300 and --client-timeout 1e300 raised OverflowError in the handler (the client's connection closed
+    without an answer); memory_estimate took --group-size 0 and printed an estimate for groups of none. Each is now
+    refused by its option, with the range."""
     result = run_script(script, *option, timeout=60)
     assert result.returncode == 2 and option[0] in result.stderr and "Traceback" not in result.stderr

@@ -603,7 +603,7 @@ def test_a_second_ctrl_c_neither_raises_nor_cuts_the_save_short(name, signal_han
         (tmp_path / "step_000003").mkdir()
 
     with pytest.raises(SystemExit) as stop:
-        module.stopped(KeyboardInterrupt("SIGINT"), 3, tmp_path, save, Closes(), Closes())
+        module.stopped(KeyboardInterrupt("SIGINT"), 3, tmp_path, save, Closes(), Closes(), interrupts)
     assert stop.value.code == 130 and (tmp_path / "step_000003").is_dir()
 
 
