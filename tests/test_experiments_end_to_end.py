@@ -81,10 +81,12 @@ def test_two_steps_then_resume(name, tiny_model_dir, tasks, tmp_path):
 
 def test_resume_reproduces_an_uninterrupted_run(task_experiment, tiny_model_dir, tasks, tmp_path, monkeypatch):
     """4 steps in one go and 2 + 2 with a resume in between end with the same weights: the checkpoint
-    holds everything that matters (weights, optimizer, RNG, data position)."""
+    holds everything that matters (weights, optimizer, RNG, data position), and a resumed step draws the same
+    shuffled mini-batches (two updates a step here)."""
     monkeypatch.setattr(task_experiment, "reward_terms", seven_reward)  # a reward that varies, so weights move
     straight, split = tmp_path / "straight", tmp_path / "split"
-    common = ["--max-steps", "4", "--eval-interval", "0", "--checkpoint-interval", "2", "--keep-checkpoints", "0"]
+    common = ["--max-steps", "4", "--eval-interval", "0", "--checkpoint-interval", "2", "--keep-checkpoints", "0",
+              "--updates-per-step", "2"]
     task_experiment.main(list(map(str, tiny_args(tiny_model_dir, tasks, straight, *common))))
     task_experiment.main(list(map(str, tiny_args(tiny_model_dir, tasks, split, *common[:1], "2", *common[2:]))))
     task_experiment.main(list(map(str, tiny_args(tiny_model_dir, tasks, split, *common, "--resume", split / "out" / "e2e"))))

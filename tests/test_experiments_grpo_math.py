@@ -299,8 +299,39 @@ def test_pi_old_is_the_sampling_policy_without_dropout(single, monkeypatch):
     monkeypatch.setattr(module, "grpo_loss", spy)
     stats = module.train_step(model, batch, args, optimizer, scheduler)
     assert len(seen) == 2  # two mini-batches of two sequences: two updates
-    assert torch.allclose(torch.cat(seen), expected, atol=1e-6)
+    got = torch.cat(seen)  # the rows in the shuffled order the mini-batches drew them
+    assert got.shape == expected.shape
+    assert all(torch.isclose(row, expected, atol=1e-6).all(-1).sum() == 1 for row in got)
     assert stats["clip_fraction"] >= 0 and scheduler.last_epoch == 2
+
+
+def test_mini_batches_are_a_seeded_shuffle_each_pass(single, monkeypatch):
+    """PPO's mini-batches: each pass over the rollout splits a new shuffle of its sequences, seeded by --seed, the
+    step and the pass, so that a resumed step draws the same ones. They were contiguous: at the CPU defaults each
+    update saw exactly one prompt's group."""
+    module, model_dir = single
+    args, model, batch, optimizer, scheduler = step_setup(module, model_dir, "--updates-per-step", "2",
+                                                          "--epochs-per-step", "3", "--train-batch-size", "1")
+    ids, real = batch[0], module.sequence_log_probs
+
+    def passes(step):  # the rows each forward pass with gradients took, in order, as 3 passes of 4 rows
+        seen = []
+
+        def spy(model, input_ids, *rest, **kwargs):
+            if torch.is_grad_enabled():
+                seen.extend((input_ids[:, None] == ids[None]).all(-1).int().argmax(-1).tolist())
+            return real(model, input_ids, *rest, **kwargs)
+
+        monkeypatch.setattr(module, "sequence_log_probs", spy)
+        module.train_step(model, batch, args, optimizer, scheduler, step=step)
+        return [tuple(seen[i : i + 4]) for i in range(0, 12, 4)]
+
+    first, again, later = passes(7), passes(7), passes(8)
+    assert all(sorted(order) == [0, 1, 2, 3] for order in first + later)  # every sequence once a pass
+    assert first == again  # the same step, the same mini-batches: a resume stays exact
+    assert len(set(first + later)) > 1 and first != later  # a new shuffle per pass and per step
+    groups = [{row // 2 for row in order[:2]} for order in first + later]  # the first update's rows, by prompt
+    assert any(len(g) == 2 for g in groups)  # an update sees both prompts' groups
 
 
 def test_learning_rate_schedule_counts_optimizer_updates(single):
