@@ -5,7 +5,7 @@ default: "What number comes next: 15, 20, 25, 30, ...?"; math keeps the rows wit
 and + or -) once per seed, evaluates greedy accuracy and format rate on held-out problems before training and
 every --eval-interval steps, then samples one completion for each of --samples held-out problems with each
 trained adapter, prints a table per seed and the gain's min / median / max over the seeds, and writes
-OUT/learning.json and the curves as OUT/learning.png:
+OUT/learning.json, and the curves as a figure (benchmarks/figures/learning.png, beside the other figures):
 
     {"runs": [{"seed", "before": {"accuracy", "format_rate"}, "after", "gain", "minutes", "curves", "samples",
                "reasoning"}, ...], "summary": {"gain": {"min", "median", "max"}, ...}, "task", "steps", "machine"}
@@ -34,6 +34,7 @@ from pathlib import Path
 from common import ROOT, load_experiment, machine, resolved_dtype, scalars
 
 TASKS = list(load_experiment().TASKS)  # experiment_base's --task choices
+RESULTS, FIGURE = ROOT / "benchmarks" / "results", ROOT / "benchmarks" / "figures" / "learning.png"
 FILTERS = {"math": ["--filter", "num_terms=2", "--filter", "num_digits=2", "--filter", "ops=+,-"]}  # before yours
 
 
@@ -49,7 +50,9 @@ def parse_args(argv=None):
     p.add_argument("--seeds", type=int, default=1, help="runs, with seeds --seed, --seed + 1, ... (default: %(default)s)")
     p.add_argument("--eval-prompts", type=int, default=100, help="held-out problems per evaluation (default: %(default)s)")
     p.add_argument("--eval-interval", type=int, default=10, help="evaluate every N steps (default: %(default)s)")
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="output folder (default: benchmarks/results)")
+    p.add_argument("--out", type=Path, default=RESULTS, help="output folder (default: benchmarks/results)")
+    p.add_argument("--figure", type=Path, help="the curves as PNG (default: benchmarks/figures/learning.png, or "
+                   "OUT/learning.png when --out names another folder)")
     p.add_argument("--run-name", default=None, help="run name (default: learning-<time>)")
     p.add_argument("train_args", nargs="*", help="extra options for experiment_base/train.py, after --")
     args = p.parse_args(argv)
@@ -170,7 +173,8 @@ def main(argv=None):
                "faithful_share": spread([(r["reasoning"] or {}).get("share") for r in runs])}
     result = {"task": args.task, "steps": args.steps, "model": args.model_name, "eval_prompts": args.eval_prompts,
               "machine": where, "summary": summary, "runs": runs}
-    png, figures = args.out / "learning.png", args.out / "learning.json"
+    png, figures = args.figure or (FIGURE if args.out == RESULTS else args.out / "learning.png"), args.out / "learning.json"
+    png.parent.mkdir(parents=True, exist_ok=True)
     plot(runs, png, f"experiment_base, --task {args.task}, {len(runs)} seed(s), on {where['cpu']} "
                     f"({where['cores']} cores, {where['dtype']})")
     figures.write_text(json.dumps(result, indent=2))

@@ -1,4 +1,4 @@
-"""data/prepare_gsm8k.py on small GSM8K-format files written here, and data/reward_server.py over real HTTP."""
+"""data/prepare_gsm8k.py on small GSM8K-format files written here, and tools/reward_server.py over real HTTP."""
 
 import json
 import select
@@ -18,7 +18,7 @@ from common import load_module
 from conftest import ROOT, run_script
 
 PREPARE = ROOT / "data" / "prepare_gsm8k.py"
-SERVER = ROOT / "data" / "reward_server.py"
+SERVER = ROOT / "tools" / "reward_server.py"
 
 # GSM8K's format: worked solution, calculator notes in <<...>>, then "#### final answer"
 GSM8K_ROWS = [
@@ -167,7 +167,7 @@ def test_options_that_do_not_go_together(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------
-# data/reward_server.py
+# tools/reward_server.py
 # ------------------------------------------------------------------------------------------------
 
 

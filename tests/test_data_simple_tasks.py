@@ -3,6 +3,7 @@
 import json
 import re
 
+import pytest
 from conftest import ROOT, run_script
 
 SCRIPT = ROOT / "data" / "make_simple_tasks.py"
@@ -38,19 +39,28 @@ def oracle(kind, question):
     return numbers[0] * FACTORS[small, big]
 
 
-def test_simple_tasks_are_reproducible_and_held_out(tmp_path):
+@pytest.fixture(scope="module")
+def mix(tmp_path_factory):
+    """The six-kind mix as the script writes it by default (not committed: no task reads it)."""
+    folder = tmp_path_factory.mktemp("simple")
+    result = run_script(SCRIPT, "--out-dir", folder)
+    assert result.returncode == 0, result.stderr
+    return folder
+
+
+def test_simple_tasks_are_reproducible_and_held_out(mix, tmp_path):
     result = run_script(SCRIPT, "--out-dir", tmp_path)
     assert result.returncode == 0, result.stderr
-    for name in ("simple_tasks.jsonl", "simple_tasks_eval.jsonl"):  # the committed files are what the script writes
-        assert (tmp_path / name).read_bytes() == (ROOT / "data" / name).read_bytes(), name
+    for name in ("simple_tasks.jsonl", "simple_tasks_eval.jsonl"):  # the same seed, the same bytes
+        assert (tmp_path / name).read_bytes() == (mix / name).read_bytes(), name
     train, held_out = read_jsonl(tmp_path / "simple_tasks.jsonl"), read_jsonl(tmp_path / "simple_tasks_eval.jsonl")
     assert (len(train), len(held_out)) == (1_500, 900)
     assert not {r["question"] for r in train} & {r["question"] for r in held_out}
     assert len({r["question"] for r in train}) == len(train)
 
 
-def test_every_answer_is_right_and_every_kind_is_there():
-    rows = read_jsonl(ROOT / "data" / "simple_tasks.jsonl") + read_jsonl(ROOT / "data" / "simple_tasks_eval.jsonl")
+def test_every_answer_is_right_and_every_kind_is_there(mix):
+    rows = read_jsonl(mix / "simple_tasks.jsonl") + read_jsonl(mix / "simple_tasks_eval.jsonl")
     kinds = {}
     for row in rows:
         assert int(row["answer"]) == oracle(row["kind"], row["question"]), row
@@ -59,9 +69,9 @@ def test_every_answer_is_right_and_every_kind_is_there():
     assert min(kinds.values()) >= 150  # enough of each kind for a held-out measurement of 100 problems
 
 
-def test_a_seed_changes_the_tasks(tmp_path):
+def test_a_seed_changes_the_tasks(mix, tmp_path):
     run_script(SCRIPT, "--out-dir", tmp_path, "--seed", "1", "--train-rows", "50", "--eval-rows", "10")
-    assert read_jsonl(tmp_path / "simple_tasks.jsonl")[:5] != read_jsonl(ROOT / "data" / "simple_tasks.jsonl")[:5]
+    assert read_jsonl(tmp_path / "simple_tasks.jsonl")[:5] != read_jsonl(mix / "simple_tasks.jsonl")[:5]
     assert len(read_jsonl(tmp_path / "simple_tasks.jsonl")) == 50
 
 

@@ -268,11 +268,11 @@ def test_a_reward_failing_mid_run_keeps_the_steps_done(task_experiment, reward_m
 
 @pytest.fixture
 def reward_server():
-    """Start data/reward_server.py on a free port; yields a function (delay) -> URL."""
+    """Start tools/reward_server.py on a free port; yields a function (delay) -> URL."""
     processes = []
 
     def start(delay=0.0):
-        process = subprocess.Popen([sys.executable, str(ROOT / "data" / "reward_server.py"), "--port", "0", "--quiet",
+        process = subprocess.Popen([sys.executable, str(ROOT / "tools" / "reward_server.py"), "--port", "0", "--quiet",
                                     "--delay", str(delay)], stdout=subprocess.PIPE, text=True)
         processes.append(process)
         return process.stdout.readline().split()[-1]  # "listening on http://127.0.0.1:PORT/reward"

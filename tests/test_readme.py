@@ -34,3 +34,15 @@ def test_each_experiments_own_options_are_documented(experiment):
     own = options(experiment) - options("experiment_base")
     readme = (ROOT / experiment / "README.md").read_text()
     assert not {o for o in own if f"`{o}`" not in readme}, f"{experiment}/README.md does not document them"
+
+
+def test_the_contents_list_every_section_and_each_link_finds_it():
+    """The table of contents at the top: one link per ## / ### heading, in order, each to the anchor GitHub makes."""
+    readme = (ROOT / "README.md").read_text()
+    body = re.sub(r"^```.*?^```", "", readme, flags=re.MULTILINE | re.DOTALL)  # no headings inside code blocks
+    headings = re.findall(r"^#{2,3} (.+)$", body, re.MULTILINE)
+    contents = readme.split("Contents:", 1)[1].split("\n## ", 1)[0]
+    links = re.findall(r"^ *\* \[(.+)\]\(#([^)]+)\)$", contents, re.MULTILINE)
+    assert [title for title, _ in links] == headings
+    anchor = lambda title: re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")  # noqa: E731
+    assert all(target == anchor(title) for title, target in links)

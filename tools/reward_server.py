@@ -13,8 +13,8 @@ GET /health returns 200 {"status": "ok"}. --delay applies to /reward only, so /h
 The first line on stdout is the address, e.g. "listening on http://127.0.0.1:8731/reward" (with --port 0 the
 system picks a free port and that line says which). Ctrl-C (or SIGTERM) stops the server cleanly.
 
-    python data/reward_server.py                      # http://127.0.0.1:8731/reward
-    python data/reward_server.py --port 0 --delay 5   # a free port; each /reward answer comes 5 s late
+    python tools/reward_server.py                      # http://127.0.0.1:8731/reward
+    python tools/reward_server.py --port 0 --delay 5   # a free port; each /reward answer comes 5 s late
     curl -s localhost:8731/reward -d '{"completions": ["<answer>4</answer>"], "answers": ["4"]}'
 """
 
