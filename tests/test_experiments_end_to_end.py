@@ -85,8 +85,10 @@ def test_resume_reproduces_an_uninterrupted_run(task_experiment, tiny_model_dir,
     shuffled mini-batches (two updates a step here)."""
     monkeypatch.setattr(task_experiment, "reward_terms", seven_reward)  # a reward that varies, so weights move
     straight, split = tmp_path / "straight", tmp_path / "split"
+    updates = {"experiment_accelerate": ["--train-batch-size", "4", "--gradient-accumulation-steps", "1"],
+               "experiment_accelerate_ddp": ["--epochs-per-step", "2"]}  # no --updates-per-step in these two
     common = ["--max-steps", "4", "--eval-interval", "0", "--checkpoint-interval", "2", "--keep-checkpoints", "0",
-              "--updates-per-step", "2"]
+              *updates.get(task_experiment.EXPERIMENT, ["--updates-per-step", "2"])]
     task_experiment.main(list(map(str, tiny_args(tiny_model_dir, tasks, straight, *common))))
     task_experiment.main(list(map(str, tiny_args(tiny_model_dir, tasks, split, *common[:1], "2", *common[2:]))))
     task_experiment.main(list(map(str, tiny_args(tiny_model_dir, tasks, split, *common, "--resume", split / "out" / "e2e"))))
