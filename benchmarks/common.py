@@ -105,9 +105,10 @@ def peak_memory(device):
     return peak
 
 
-def project_steps(base, options, tasks, args):
-    """Load the model and run args.steps GRPO steps of experiment_base, timing sampling and the whole step; on CUDA
-    also the peak GPU memory, allocated and reserved, of each phase."""
+def project_steps(base, options, tasks, args, profile=None):
+    """Load the model and run args.steps GRPO steps of experiment_base, timing sampling and the whole step, and
+    counting each step's training FLOPs (training_flops); on CUDA also the peak GPU memory, allocated and reserved,
+    of each phase. profile: a dict that receives the PyTorch profiler's table of the last step's training phase."""
     torch = base.torch
     cuda = options.device.startswith("cuda")
     torch.manual_seed(0)
@@ -126,22 +127,96 @@ def project_steps(base, options, tasks, args):
             peaks.update(gpu_peaks(torch, "sampling"))
         advantages = base.group_advantages(result.rewards.view(-1, args.group_size)).flatten().to(options.device)
         model.train()
-        base.train_step(model, (result.sequence_ids, result.attention_mask, result.action_mask, advantages), options, optimizer,
-                        scheduler)
+        batch = (result.sequence_ids, result.attention_mask, result.action_mask, advantages)
+        if profile is not None and step == args.steps - 1:  # the last step's training phase, operator by operator
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+                base.train_step(model, batch, options, optimizer, scheduler)
+            profile["table"] = profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
+        else:
+            base.train_step(model, batch, options, optimizer, scheduler)
         if cuda:
             peaks.update(gpu_peaks(torch, "training"))
+        prompt_width = result.sequence_ids.shape[1] - result.action_mask.shape[1]
+        flops = training_flops(model.config, options.lora_r, result.attention_mask[:, :prompt_width].sum(1).tolist(),
+                               result.action_mask.sum(1).tolist(), options.gradient_checkpointing, options.kl_weight > 0)
         steps.append({"seconds": time.perf_counter() - started, "sampling_seconds": sampled - started,
-                      "tokens": int(result.action_mask.sum()), **peaks})
+                      "tokens": int(result.action_mask.sum()), "training_flops": flops, **peaks})
     return steps
 
 
 def step_summary(steps):
     """Over the steps after the first (a warm-up; all of them if there is one): median seconds per step and of
-    sampling, and sampled tokens per second."""
+    sampling, sampled tokens per second, and where the steps counted their training FLOPs, the training phase's
+    FLOP/s (all its FLOPs over all its seconds)."""
     measured = steps[1:] or steps
-    return {"step_seconds": statistics.median(s["seconds"] for s in measured),
-            "sampling_seconds": statistics.median(s["sampling_seconds"] for s in measured),
-            "tokens_per_second": sum(s["tokens"] for s in measured) / sum(s["sampling_seconds"] for s in measured)}
+    summary = {"step_seconds": statistics.median(s["seconds"] for s in measured),
+               "sampling_seconds": statistics.median(s["sampling_seconds"] for s in measured),
+               "tokens_per_second": sum(s["tokens"] for s in measured) / sum(s["sampling_seconds"] for s in measured)}
+    if all("training_flops" in s for s in measured):
+        seconds = sum(s["seconds"] - s["sampling_seconds"] for s in measured)
+        summary["training_flops_per_second"] = sum(s["training_flops"] for s in measured) / seconds
+    return summary
+
+
+def training_flops(config, lora_r, prompt_tokens, completion_tokens, checkpointing=True, reference_pass=False):
+    """The matrix-multiply FLOPs one GRPO training step needs for sequences of prompt_tokens[i] real prompt tokens and
+    completion_tokens[i] action tokens (padding not counted: the work the algorithm needs, not what a layout adds).
+
+    A forward pass costs, per token, 2 x the weights of the body's linear layers (q, k, v, o, gate, up, down in each
+    layer), plus LoRA's 2 x r x (in + out) per adapted layer; per layer and pair of positions a token attends to
+    (causal), 2 x 2 x heads x head_dim (scores and the weighted sum); the output layer 2 x hidden x vocab per action
+    token only (no other row reaches it). A training pass is that forward, its recomputation under gradient
+    checkpointing (the body's layers and the output layer's chunks alike), and the backward pass, which costs one
+    forward for the input gradients (the frozen weights need no weight gradient) and, for LoRA, one more for its
+    weight gradients. A reference pass (beta > 0) is one more forward. Element-wise work (norms, softmax, rotary,
+    the entropy) is not counted."""
+    body, head, adapter = forward_flops(config, lora_r, prompt_tokens, completion_tokens)
+    forwards = 3 if checkpointing else 2  # forward, recomputation, backward (input gradients)
+    total = forwards * (body + head) + (forwards + 1) * adapter  # LoRA's weight gradients: one forward more
+    return total + (body + head if reference_pass else 0)
+
+
+def forward_flops(config, lora_r, prompt_tokens, completion_tokens):
+    """(body, output layer, LoRA): the matrix-multiply FLOPs of one forward pass, as training_flops counts them."""
+    c = getattr(config, "text_config", config)
+    hidden, inner, layers, vocab = c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.vocab_size
+    heads, kv_heads = c.num_attention_heads, getattr(c, "num_key_value_heads", c.num_attention_heads)
+    head_dim = getattr(c, "head_dim", None) or hidden // heads
+    shapes = [(hidden, heads * head_dim), (hidden, kv_heads * head_dim), (hidden, kv_heads * head_dim),
+              (heads * head_dim, hidden), (hidden, inner), (hidden, inner), (inner, hidden)]  # (in, out) per layer
+    weights = layers * sum(i * o for i, o in shapes)
+    lora = layers * lora_r * sum(i + o for i, o in shapes)
+    tokens = sum(prompt_tokens) + sum(completion_tokens)
+    pairs = sum((p + t) * (p + t + 1) // 2 for p, t in zip(prompt_tokens, completion_tokens))
+    body = 2 * weights * tokens + 4 * layers * heads * head_dim * pairs
+    head = 2 * hidden * vocab * sum(completion_tokens)
+    adapter = 2 * lora * tokens
+    return body, head, adapter
+
+
+def matmul_peak(dtype):
+    """The FLOP/s of this machine's matrix multiply in dtype, measured: square matrices, doubled in size from 512
+    until one product takes 0.2 s or the size is 4096, then the best of three products at that size."""
+    import torch
+
+    size = 512
+    while True:
+        a, b = torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)
+        torch.mm(a, b)  # warm-up
+        started = time.perf_counter()
+        torch.mm(a, b)
+        seconds = time.perf_counter() - started
+        if seconds >= 0.2 or size >= 4096:
+            break
+        size *= 2
+    best = min(timed(torch.mm, a, b) for _ in range(3))
+    return {"size": size, "flops_per_second": 2 * size**3 / best}
+
+
+def timed(function, *args):
+    started = time.perf_counter()
+    function(*args)
+    return time.perf_counter() - started
 
 
 def trl_steps(args, model, tokenizer, tasks, score, device, lr, beta, train_batch_size=None, generation_batch_size=None,

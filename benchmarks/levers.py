@@ -9,10 +9,12 @@ steps after a warm-up, and peak RSS.
     python benchmarks/levers.py --configs default fp32     # some of them
 
 Configurations (each differs from `default` in one thing):
-  default          bfloat16 on CPUs with AMX/AVX512-BF16, inverse-CDF sampling, decoder + output layer on
+  default          bfloat16 on CPUs with AMX/AVX512-BF16, inverse-CDF sampling, ended rows dropped from the decode
+                   batch, decoder + output layer on
                    the last prompt row only, log-probs of action tokens in recomputed chunks, checkpointing
   fp32             float32 weights and compute
   multinomial      torch.multinomial instead of inverse-CDF sampling
+  keep_ended       rows that have ended stay in the decode batch to the last step (same tokens, as before 2026-11-24)
   hf_prefill       the prefill through model(..., logits_to_keep=1), as transformers' generate does
   full_logits      log-probs from one [batch, tokens, vocab] float32 log-softmax over the completion
   no_checkpointing activations kept instead of recomputed
@@ -27,7 +29,7 @@ import sys
 from common import (check_steps, load_experiment, machine, project_steps, resolved_dtype, run_alone, workload,
                     workload_parser, write_json)
 
-CONFIGS = ["default", "fp32", "multinomial", "hf_prefill", "full_logits", "no_checkpointing", "kl"]
+CONFIGS = ["default", "fp32", "multinomial", "keep_ended", "hf_prefill", "full_logits", "no_checkpointing", "kl"]
 
 
 def parse_args(argv=None):
@@ -40,11 +42,13 @@ def switch_off(base, config):
     """Patch experiment_base so that one lever is off."""
     torch = base.torch
     if config == "multinomial":
-        def sample_token(logits, temperature, top_p):
+        def sample_token(logits, temperature, top_p, uniforms=None):
             if temperature == 0:
                 return logits.argmax(-1)
             return torch.multinomial(torch.softmax(logits.float() / temperature, -1), 1).squeeze(-1)
         base.sample_token = sample_token
+    if config == "keep_ended":
+        base.ENDED_SHARE = 2.0  # above 1: never drop
     if config == "hf_prefill":  # the model's forward slices the last position itself: a strided [B, 1, H] matmul
         original = base.body_and_head
 

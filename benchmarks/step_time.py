@@ -16,15 +16,19 @@ stop a completion at EOS only: experiment_base's extra stop strings are switched
 TRL has no equivalent by default.
 
 Reported per side: seconds per step (median over the steps after the first, which is a warm-up),
-where that time goes (sampling vs the rest), sampled tokens per second, and peak memory (RSS; and
-GPU peak when CUDA is present); then the ratios project / TRL.
+where that time goes (sampling vs the rest), sampled tokens per second, peak memory (RSS; and GPU
+peak when CUDA is present), and the training phase's FLOP/s: the matrix-multiply FLOPs the step's
+sequences need (common.training_flops says how they are counted; the same count on both sides)
+over the seconds that are not sampling, and its share of this machine's matmul peak in the same
+dtype, measured here after both sides (common.matmul_peak). Then the ratios project / TRL.
+--profile adds the PyTorch profiler's table of the project's last training phase, operator by operator.
 """
 
 import json
 import sys
 
-from common import (check_steps, load_experiment, machine, peak_memory, project_steps, resolved_dtype, run_alone,
-                    step_summary, trl_steps, workload, workload_parser, write_json)
+from common import (check_steps, load_experiment, machine, matmul_peak, peak_memory, project_steps, resolved_dtype,
+                    run_alone, step_summary, training_flops, trl_steps, workload, workload_parser, write_json)
 
 
 def parse_args(argv=None):
@@ -32,6 +36,7 @@ def parse_args(argv=None):
     p.add_argument("--lora-r", type=int, default=16, help="LoRA rank (default: %(default)s)")
     p.add_argument("--lr", type=float, default=1e-5, help="learning rate (default: %(default)s)")
     p.add_argument("--kl-weight", type=float, default=0.0, help="beta (TRL's default is 0) (default: %(default)s)")
+    p.add_argument("--profile", action="store_true", help="profile the project's last training phase")
     return check_steps(p, p.parse_args(argv))
 
 
@@ -45,7 +50,9 @@ def run_project(args):
                                "--kl-weight", str(args.kl_weight), "--group-size", str(args.group_size),
                                "--rollouts-per-step", str(args.prompts), "--max-length", str(args.max_new_tokens),
                                "--train-batch-size", str(args.prompts * args.group_size)])
-    return {"steps": project_steps(base, options, tasks, args), **peak_memory(device)}
+    profile = {} if args.profile else None
+    steps = project_steps(base, options, tasks, args, profile)
+    return {"steps": steps, **peak_memory(device), **({"profile": profile["table"]} if profile else {})}
 
 
 def run_trl(args):
@@ -55,11 +62,19 @@ def run_trl(args):
     path, dtype, device, tokenizer, tasks = workload(args, base)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
     steps = trl_steps(args, model, tokenizer, tasks, base.Scorer(), device, args.lr, args.kl_weight)
+    for number, step in enumerate(steps):  # the same count as the project's: this step's prompts, G completions each
+        prompts = tasks[number * args.prompts : (number + 1) * args.prompts]
+        prompt_tokens = [len(tokenizer(t["prompt"]).input_ids) for t in prompts for _ in range(args.group_size)]
+        mean = step["tokens"] / len(prompt_tokens)  # TRL counts its completions' tokens in all: each the mean
+        step["training_flops"] = training_flops(model.config, args.lora_r, prompt_tokens, [mean] * len(prompt_tokens),
+                                                True, args.kl_weight > 0)
     return {"steps": steps, **peak_memory(device)}
 
 
-def summarise(result):
-    return {**step_summary(result["steps"]), **{k: v for k, v in result.items() if k != "steps"}, "steps": result["steps"]}
+def summarise(result, peak):
+    summary = {**step_summary(result["steps"]), **{k: v for k, v in result.items() if k != "steps"}, "steps": result["steps"]}
+    summary["share_of_peak"] = summary["training_flops_per_second"] / peak["flops_per_second"]
+    return summary
 
 
 def main(argv=None):
@@ -68,13 +83,19 @@ def main(argv=None):
         result = run_project(args) if args.only == "project" else run_trl(args)
         print("RESULT " + json.dumps(result))
         return
-    results = {}
+    sides = {}
     for side in ("project", "trl"):
         print(f"running {side} ...", flush=True)
-        results[side] = summarise(run_alone(__file__, side, argv if argv is not None else sys.argv[1:]))
+        sides[side] = run_alone(__file__, side, argv if argv is not None else sys.argv[1:])
+    dtype = resolved_dtype(args.dtype)
+    peak = matmul_peak(dtype)  # after both sides, on the otherwise idle machine
+    results = {side: summarise(result, peak) for side, result in sides.items()}
     project, trl = results["project"], results["trl"]
+    for result in results.values():  # GFLOP/s in the table
+        result["training_gflops_per_second"] = result["training_flops_per_second"] / 1e9
     rows = [("seconds per step (median)", "step_seconds", "{:.2f}"), ("  of which sampling", "sampling_seconds", "{:.2f}"),
-            ("sampled tokens per second", "tokens_per_second", "{:.1f}"), ("peak RSS, GB", "peak_rss_gb", "{:.2f}")]
+            ("sampled tokens per second", "tokens_per_second", "{:.1f}"), ("peak RSS, GB", "peak_rss_gb", "{:.2f}"),
+            ("training GFLOP/s", "training_gflops_per_second", "{:.1f}"), ("  share of the matmul peak", "share_of_peak", "{:.0%}")]
     if "gpu_peak_gb" in project:
         rows.append(("GPU peak, GB", "gpu_peak_gb", "{:.2f}"))
     print(f"\n{args.prompts} prompts x {args.group_size} completions x {args.max_new_tokens} tokens, "
@@ -83,6 +104,11 @@ def main(argv=None):
     print(f"| {'-' * 28} | {'-' * 8} | {'-' * 8} | {'-' * 13} |")
     for label, key, fmt in rows:
         print(f"| {label:28s} | {fmt.format(project[key]):>8s} | {fmt.format(trl[key]):>8s} | {project[key] / trl[key]:>13.2f} |")
+    print(f"\nmatmul peak: {peak['flops_per_second'] / 1e9:.1f} GFLOP/s ({str(dtype).removeprefix('torch.')}, "
+          f"{peak['size']} x {peak['size']} products, best of 3)")
+    if "profile" in project:
+        print(f"\nthe project's last training phase, by operator (self CPU time):\n{project['profile']}")
+    results["matmul_peak"] = peak
     results["settings"] = {k: str(v) for k, v in vars(args).items()}
     results["ratios"] = {key: project[key] / trl[key] for _, key, _ in rows}
     write_json(args.json, results, machine(resolved_dtype(args.dtype)))

@@ -32,12 +32,26 @@ def assert_names_machine(stdout, where, dtype):
 
 def test_step_time_benchmark_runs(tiny_model_dir, tmp_path):
     stdout, table = run_benchmark(tmp_path, "step_time.py", "--model-name", tiny_model_dir, "--steps", "2",
-                                  "--max-new-tokens", "8", "--dtype", "float32", dtype="float32")
-    assert "| seconds per step (median)" in stdout
+                                  "--max-new-tokens", "8", "--dtype", "float32", "--profile", dtype="float32")
+    assert "| seconds per step (median)" in stdout and "| training GFLOP/s" in stdout
+    peak = table["matmul_peak"]["flops_per_second"]
     for side in ("project", "trl"):
         assert table[side]["step_seconds"] > 0 and table[side]["peak_rss_gb"] > 0
         assert len(table[side]["steps"]) == 2 and all(step["tokens"] > 0 for step in table[side]["steps"])
+        measured = table[side]["steps"][1]  # the FLOP/s of the step after the warm-up, over its seconds not sampling
+        flops = measured["training_flops"] / (measured["seconds"] - measured["sampling_seconds"])
+        assert table[side]["training_flops_per_second"] == pytest.approx(flops)
+        assert table[side]["share_of_peak"] == pytest.approx(flops / peak)
     assert table["ratios"]["step_seconds"] == table["project"]["step_seconds"] / table["trl"]["step_seconds"]
+    assert "aten::" in table["project"]["profile"] and "Self CPU" in stdout  # the profiler's table, by operator
+
+
+def test_sampling_benchmark_times_the_same_tokens_both_ways(tiny_model_dir, tmp_path):
+    stdout, table = run_benchmark(tmp_path, "sampling.py", "--model-name", tiny_model_dir, "--max-new-tokens", "12",
+                                  "--repeats", "1", "--dtype", "float32", dtype="float32")
+    assert "| dropped |" in stdout and "| kept |" in stdout
+    assert table["dropped"]["ratio_to_kept"] == table["dropped"]["seconds"] / table["kept"]["seconds"]
+    assert len(table["completion_lengths"]) == 16 and table["tokens"] == sum(table["completion_lengths"])
 
 
 def test_learning_benchmark_runs(tiny_model_dir, tmp_path):
@@ -196,3 +210,27 @@ def test_evaluate_takes_the_checkpoints_own_adapter_shape(tiny_model_dir, tmp_pa
                    "--data", f"gsm8k={data}", "--max-length", "4", "--dtype", "float32", "--json", str(tmp_path / "e.json")])
     table = json.loads((tmp_path / "e.json").read_text())
     assert table["gsm8k"]["problems"] == 4 and "newest checkpoint of that run, step_000001" in capsys.readouterr().out
+
+
+def test_training_flops_count_what_a_forward_pass_multiplies(tiny_model_dir):
+    """common.forward_flops (the unit of step_time's training FLOP/s) against PyTorch's FLOP counter on a real
+    forward pass of sequence_log_probs: every matrix multiply of the body's linear layers, LoRA's two factors and the
+    output layer on the action tokens alone, exactly (attention's products are counted apart, causal)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from common import forward_flops, training_flops
+    from conftest import load_tiny
+
+    base, model, _ = load_tiny(load_experiment(), tiny_model_dir)
+    ids = torch.randint(5, 60, (3, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        base.sequence_log_probs(model, ids, torch.ones(3, 12, dtype=torch.long), 5)  # 7 prompt and 5 action tokens each
+    measured = counter.get_flop_counts()["Global"]
+    assert {str(op) for op in measured} == {"aten.mm"}  # SDPA's products are not in the counter on the CPU
+    r = model.peft_config["default"].r
+    body, head, adapter = forward_flops(model.config, r, [7] * 3, [5] * 3)
+    c = model.config
+    attention = 4 * c.num_hidden_layers * c.hidden_size * 3 * (12 * 13 // 2)  # heads x head_dim = hidden here
+    assert body - attention + head + adapter == sum(measured.values())
+    assert training_flops(model.config, r, [7] * 3, [5] * 3) == 3 * (body + head) + 4 * adapter

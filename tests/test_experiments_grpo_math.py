@@ -199,9 +199,8 @@ def test_sampler_never_draws_a_token_of_probability_zero(experiment, monkeypatch
     """The largest uniform number below 1 times the total rounded up to the total in float32, and the sampler
     returned the last vocabulary id whatever its probability (here 0)."""
     logits = torch.tensor([[0.3, 0.0, 1.2, float("-inf")]]).expand(3, 4)
-    below_one = lambda *args, **kwargs: torch.full((3, 1), 1 - 2**-24, dtype=kwargs.get("dtype", torch.float32))  # noqa: E731
+    below_one = lambda *shape, **kwargs: torch.full(shape, 1 - 2**-53, dtype=kwargs.get("dtype"))  # noqa: E731
     monkeypatch.setattr(torch, "rand", below_one)
-    monkeypatch.setattr(torch, "rand_like", lambda x: torch.full_like(x, 1 - 2**-53))
     assert (experiment.sample_token(logits, 1.0, 1.0) == 2).all()  # the last token of nonzero probability
 
 
@@ -210,8 +209,7 @@ def test_sampler_keeps_probabilities_below_float32_resolution(experiment, monkey
     [0.5, 0.5 + 1e-9), could never be drawn (in a 262k vocabulary, every token below 3e-8 behind a total near 1).
     In float64 the interval is there: u = 0.5 of the total lands in it."""
     logits = torch.tensor([[0.5, 1e-9, 0.5]]).log()
-    monkeypatch.setattr(torch, "rand", lambda *args, **kwargs: torch.full((1, 1), 0.5, dtype=kwargs.get("dtype")))
-    monkeypatch.setattr(torch, "rand_like", lambda x: torch.full_like(x, 0.5))
+    monkeypatch.setattr(torch, "rand", lambda *shape, **kwargs: torch.full(shape, 0.5, dtype=kwargs.get("dtype")))
     assert experiment.sample_token(logits, 1.0, 1.0).item() == 1
 
 
@@ -223,6 +221,40 @@ def test_sampler_distribution_over_several_blocks(experiment):
     counts = torch.bincount(experiment.sample_token(probs.log().expand(40000, 1000), 1.0, 1.0), minlength=1000) / 40000
     assert torch.allclose(counts[[3, 511, 512, 999]], torch.tensor([0.3, 0.2, 0.1, 0.2]), atol=0.012)
     assert counts.sum() == pytest.approx(1.0) and counts[:511].sum() - counts[3] == pytest.approx(0.2 * 509 / 996, abs=0.012)
+
+
+@pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.7, 0.9), (0, 1.0)])
+def test_ended_rows_leave_the_batch_and_the_tokens_stay_the_same(tiny, monkeypatch, temperature, top_p):
+    """Rows that have ended leave the decode batch and the KV cache (they were computed to the last step); each
+    row's draws must not depend on which other rows still run: the same seed gives the same tokens and masks with
+    rows dropped as with every row kept to the end."""
+    experiment, model, tokenizer = tiny
+    monkeypatch.setattr(experiment, "stop_token_ids", lambda *args: list(range(5, 25)))  # rows end at varied steps
+    prompts = tokenizer(["What is 1 + 2?", "Say something long"], return_tensors="pt", padding=True)
+    body, head = experiment.body_and_head(model)
+    widths = []
+
+    def counting(model):  # the decode batch's rows at each forward pass
+        def forward(**kwargs):
+            widths.append(kwargs["input_ids"].shape[0])
+            return body(**kwargs)
+        return forward, head
+
+    monkeypatch.setattr(experiment, "body_and_head", counting)
+
+    def completions(ended_share):
+        monkeypatch.setattr(experiment, "ENDED_SHARE", ended_share)
+        widths.clear()
+        torch.manual_seed(3)
+        ids, actions = experiment.sample(model, tokenizer, prompts.input_ids, prompts.attention_mask, 8, 30, temperature, top_p)
+        return ids, actions, list(widths)
+
+    kept_ids, kept_actions, kept_widths = completions(2.0)  # above 1: never drop
+    ids, actions, widths_seen = completions(0.25)
+    assert torch.equal(ids, kept_ids) and torch.equal(actions, kept_actions)
+    lengths = actions.sum(1)
+    assert lengths.min() < lengths.max() <= 30  # rows ended at different steps
+    assert set(kept_widths) == {2, 16} and min(widths_seen) < 16  # the prefill, then 16 rows, fewer once rows ended
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.5])

@@ -1,0 +1,89 @@
+"""Sampling as completions end: experiment_base's rollout with ended rows dropped from the decode batch (the default)
+and kept to the last step (ENDED_SHARE above 1, as before 2026-11-24), alternated in one process on the same
+prompts and seed, so that both sample the same tokens (checked) and only the time differs.
+
+    python benchmarks/sampling.py                                   # packaged Gemma-3-270M, 4 prompts x 4 x 64 tokens
+    python benchmarks/sampling.py --group-size 8 --max-new-tokens 128 --repeats 2
+    python benchmarks/sampling.py --shares 0.01 0.25 0.5        # the rule: drop once this share of the batch has ended
+
+Stops at EOS and at experiment_base's stop strings, as a training run does (step_time.py stops at EOS only, as
+TRL). Reports per setting the median sampling seconds over --repeats rounds, sampled tokens per second, and the
+ratio dropped / kept.
+"""
+
+import argparse
+import statistics
+import time
+
+from common import load_experiment, machine, resolved_dtype, workload, write_json
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model-name", default="packaged:gemma-3-270m", help="hub id, local folder or .gguf (default: %(default)s)")
+    p.add_argument("--prompts", type=int, default=4, help="prompts per rollout (default: %(default)s)")
+    p.add_argument("--group-size", type=int, default=4, help="completions per prompt (default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="completion budget (default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=3, help="rounds of (dropped, kept) after a warm-up (default: %(default)s)")
+    p.add_argument("--shares", type=float, nargs="+", help="ENDED_SHARE values to compare as 'dropped' (default: "
+                   "experiment_base's own)")
+    p.add_argument("--dtype", default="auto", help="model dtype, as experiment_base's --dtype (default: %(default)s)")
+    p.add_argument("--data-path", default=None, help="prompts (default: data/math_tasks.jsonl)")
+    p.add_argument("--json", type=lambda text: __import__("pathlib").Path(text), help="also write the results as JSON here")
+    args = p.parse_args(argv)
+    if min(args.prompts, args.group_size, args.max_new_tokens, args.repeats) < 1:
+        p.error("--prompts, --group-size, --max-new-tokens and --repeats must be at least 1")
+    args.steps = 1  # workload() reads prompts x steps tasks
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    base = load_experiment()
+    if args.data_path is None:
+        args.data_path = str(base.Path(__file__).resolve().parent.parent / "data" / "math_tasks.jsonl")
+    path, dtype, device, _, tasks = workload(args, base)
+    options = base.parse_args(["--model-name", path, "--device", device, "--dtype", str(dtype).removeprefix("torch."),
+                               "--quantization", "none"])
+    model, tokenizer = base.load_model(options)
+    model.eval()
+    torch = base.torch
+
+    def timed(share):
+        base.ENDED_SHARE = share
+        torch.manual_seed(0)
+        started = time.perf_counter()
+        result = base.rollout(model, tokenizer, tasks, args.group_size, args.max_new_tokens)
+        return time.perf_counter() - started, result
+
+    configs = {"kept": 2.0}  # above 1: never dropped
+    for share in args.shares or [base.ENDED_SHARE]:
+        configs["dropped" if not args.shares else f"dropped at {share:g}"] = share
+    _, first = timed(2.0)  # warm-up, and the tokens every way must sample
+    seconds = {name: [] for name in configs}
+    for _ in range(args.repeats):
+        for name, share in configs.items():
+            took, result = timed(share)
+            seconds[name].append(took)
+            if not torch.equal(first.sequence_ids, result.sequence_ids):
+                raise SystemExit(f"error: {name} sampled other tokens than kept")
+    tokens = int(result.action_mask.sum())
+    lengths = result.action_mask.sum(1)
+    results = {name: {"seconds": statistics.median(values), "all_seconds": values,
+                      "tokens_per_second": tokens / statistics.median(values)} for name, values in seconds.items()}
+    for name in configs:
+        results[name]["ratio_to_kept"] = results[name]["seconds"] / results["kept"]["seconds"]
+    results["tokens"] = tokens
+    results["completion_lengths"] = sorted(lengths.tolist())
+    print(f"\n{args.prompts} prompts x {args.group_size} completions x {args.max_new_tokens} tokens, {tokens} sampled "
+          f"(lengths {int(lengths.min())} to {int(lengths.max())}, median {int(lengths.median())}), model {args.model_name}, "
+          f"median of {args.repeats}\n")
+    print("| ended rows | sampling s | tokens/s | / kept |\n| --- | --- | --- | --- |")
+    for name in configs:
+        r = results[name]
+        print(f"| {name} | {r['seconds']:.2f} | {r['tokens_per_second']:.1f} | {r['ratio_to_kept']:.2f} |")
+    write_json(args.json, results, machine(resolved_dtype(args.dtype)))
+
+
+if __name__ == "__main__":
+    main()
