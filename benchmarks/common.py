@@ -108,7 +108,8 @@ def peak_memory(device):
 def project_steps(base, options, tasks, args, profile=None):
     """Load the model and run args.steps GRPO steps of experiment_base, timing sampling and the whole step, and
     counting each step's training FLOPs (training_flops); on CUDA also the peak GPU memory, allocated and reserved,
-    of each phase. profile: a dict that receives the PyTorch profiler's table of the last step's training phase."""
+    of each phase. profile: a dict that receives the PyTorch profiler's table of the training phase of one more
+    step, run after the measured ones (the profiler's own time and memory stay out of the figures)."""
     torch = base.torch
     cuda = options.device.startswith("cuda")
     torch.manual_seed(0)
@@ -116,11 +117,12 @@ def project_steps(base, options, tasks, args, profile=None):
     optimizer = base.make_optimizer(model, options)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: 1.0)  # constant, as --warmup-steps 0
     steps = []
-    for step in range(args.steps):
+    for step in range(args.steps + (profile is not None)):  # --profile: one more step, profiled and not counted
         peaks = {}
         started = time.perf_counter()
         model.eval()
-        result = base.rollout(model, tokenizer, tasks[step * args.prompts : (step + 1) * args.prompts], args.group_size,
+        start = min(step, args.steps - 1) * args.prompts  # the profiled extra step takes the last step's prompts
+        result = base.rollout(model, tokenizer, tasks[start : start + args.prompts], args.group_size,
                               args.max_new_tokens, generation_batch_size=options.generation_batch_size)
         sampled = time.perf_counter()
         if cuda:
@@ -128,12 +130,13 @@ def project_steps(base, options, tasks, args, profile=None):
         advantages = base.group_advantages(result.rewards.view(-1, args.group_size)).flatten().to(options.device)
         model.train()
         batch = (result.sequence_ids, result.attention_mask, result.action_mask, advantages)
-        if profile is not None and step == args.steps - 1:  # the last step's training phase, operator by operator
+        if step == args.steps:  # the extra step's training phase, operator by operator
+            profile["peak_rss_gb"] = peak_memory(options.device)["peak_rss_gb"]  # the measured steps' peak, before it
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
                 base.train_step(model, batch, options, optimizer, scheduler)
             profile["table"] = profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
-        else:
-            base.train_step(model, batch, options, optimizer, scheduler)
+            break
+        base.train_step(model, batch, options, optimizer, scheduler)
         if cuda:
             peaks.update(gpu_peaks(torch, "training"))
         prompt_width = result.sequence_ids.shape[1] - result.action_mask.shape[1]

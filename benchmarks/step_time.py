@@ -21,7 +21,8 @@ peak when CUDA is present), and the training phase's FLOP/s: the matrix-multiply
 sequences need (common.training_flops says how they are counted; the same count on both sides)
 over the seconds that are not sampling, and its share of this machine's matmul peak in the same
 dtype, measured here after both sides (common.matmul_peak). Then the ratios project / TRL.
---profile adds the PyTorch profiler's table of the project's last training phase, operator by operator.
+--profile adds the PyTorch profiler's table of the training phase of one more project step, run after the
+measured ones, operator by operator.
 """
 
 import json
@@ -36,7 +37,7 @@ def parse_args(argv=None):
     p.add_argument("--lora-r", type=int, default=16, help="LoRA rank (default: %(default)s)")
     p.add_argument("--lr", type=float, default=1e-5, help="learning rate (default: %(default)s)")
     p.add_argument("--kl-weight", type=float, default=0.0, help="beta (TRL's default is 0) (default: %(default)s)")
-    p.add_argument("--profile", action="store_true", help="profile the project's last training phase")
+    p.add_argument("--profile", action="store_true", help="profile one more project step's training phase, after the measured ones")
     return check_steps(p, p.parse_args(argv))
 
 
@@ -52,7 +53,8 @@ def run_project(args):
                                "--train-batch-size", str(args.prompts * args.group_size)])
     profile = {} if args.profile else None
     steps = project_steps(base, options, tasks, args, profile)
-    return {"steps": steps, **peak_memory(device), **({"profile": profile["table"]} if profile else {})}
+    memory = {**peak_memory(device), **({"peak_rss_gb": profile["peak_rss_gb"]} if profile else {})}  # not the profiler's
+    return {"steps": steps, **memory, **({"profile": profile["table"]} if profile else {})}
 
 
 def run_trl(args):
@@ -107,7 +109,7 @@ def main(argv=None):
     print(f"\nmatmul peak: {peak['flops_per_second'] / 1e9:.1f} GFLOP/s ({str(dtype).removeprefix('torch.')}, "
           f"{peak['size']} x {peak['size']} products, best of 3)")
     if "profile" in project:
-        print(f"\nthe project's last training phase, by operator (self CPU time):\n{project['profile']}")
+        print(f"\nthe training phase of one more project step, by operator (self CPU time):\n{project['profile']}")
     results["matmul_peak"] = peak
     results["settings"] = {k: str(v) for k, v in vars(args).items()}
     results["ratios"] = {key: project[key] / trl[key] for _, key, _ in rows}
