@@ -217,13 +217,14 @@ def script_turns(monkeypatch, qa, tokenizer, turns):
         steps += [torch.tensor([row[t] if t < len(row) else filler for row in ids]) for t in range(width)]
     steps = iter(steps)
 
-    def typist(logits, temperature, top_p):
+    def typist(logits, temperature, top_p, uniforms=None):
         seen.append(logits.clone())
         step = next(steps)
         assert step.shape[0] == logits.shape[0], "the batch holds exactly the episodes still running"
         return step.clone()
 
     monkeypatch.setattr(qa, "sample_token", typist)
+    monkeypatch.setattr(qa, "ENDED_SHARE", 2.0)  # every row of a turn to its end: the script gives each one a token
     return seen
 
 

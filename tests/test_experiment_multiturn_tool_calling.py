@@ -142,7 +142,7 @@ def script_turns(monkeypatch, tool, tokenizer, turns):
     state = {"turn": 0, "step": 0}
     chosen_log_probs = [[] for _ in turns]
 
-    def fake_sample_token(logits, temperature, top_p):
+    def fake_sample_token(logits, temperature, top_p, uniforms=None):
         k, t = state["turn"], state["step"]
         rows = [row for row in range(len(ids)) if len(ids[row]) > k]
         assert logits.shape[0] == len(rows), "the batch holds exactly the episodes still running"
@@ -160,6 +160,7 @@ def script_turns(monkeypatch, tool, tokenizer, turns):
         return torch.tensor(tokens)
 
     monkeypatch.setattr(tool, "sample_token", fake_sample_token)
+    monkeypatch.setattr(tool, "ENDED_SHARE", 2.0)  # every row of a turn to its end: the script gives each one a token
     return chosen_log_probs
 
 

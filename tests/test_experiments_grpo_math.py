@@ -124,7 +124,8 @@ def test_action_mask_stops_at_first_eos_and_stop_string(tiny, monkeypatch):
         [t("1"), t("</answer>"), t("x"), t("x"), t("x")],  # ends at the stop string
     ])
     steps = iter(script.t())
-    monkeypatch.setattr(experiment, "sample_token", lambda logits, temperature, top_p: next(steps).clone())
+    monkeypatch.setattr(experiment, "sample_token", lambda logits, temperature, top_p, uniforms=None: next(steps).clone())
+    monkeypatch.setattr(experiment, "ENDED_SHARE", 2.0)  # every row to the end: the script gives each one a token
     prompts = tokenizer(["Q1", "Q2"], return_tensors="pt", padding=True)
     ids, actions = experiment.sample(model, tokenizer, prompts.input_ids, prompts.attention_mask, 2, 5, 1.0, 1.0)
     assert actions.tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [1, 1, 0, 0, 0]]
