@@ -238,3 +238,53 @@ def write_pdf(path, pages):
     out += f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n" + "".join(f"{o:010d} 00000 n \n" for o in offsets)
     out += f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n"
     Path(path).write_bytes(out.encode("latin-1"))
+
+
+def four_sequences():
+    """A rollout batch of 4 completions of 2-5 tokens after 4 prompt tokens (two prompts' groups of 2): (ids,
+    attention mask, action mask, advantages), as train_step takes it."""
+    import torch
+
+    ids = torch.randint(5, 60, (4, 9), generator=torch.Generator().manual_seed(1))
+    action_mask = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0]])
+    attention = torch.cat([torch.ones(4, 4, dtype=torch.long), action_mask], dim=1)
+    return ids, attention, action_mask, torch.tensor([1.0, -1.0, 0.5, -0.5])
+
+
+def rows_per_pass(module, ids, train_step, optimizer=None):
+    """Run train_step() with module.sequence_log_probs spied on: the rows (indices into ids) each forward pass with
+    gradients took, in order, as 3 passes of 4 rows; and, given an accelerate optimizer, how many rows had been seen
+    at each of its updates."""
+    import functools
+
+    import torch
+
+    seen, updates, real = [], [], module.sequence_log_probs
+
+    def spy(model, input_ids, *rest, **kwargs):
+        if torch.is_grad_enabled():
+            seen.extend((input_ids[:, None] == ids[None]).all(-1).int().argmax(-1).tolist())
+        return real(model, input_ids, *rest, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(module, "sequence_log_probs", spy)
+        if optimizer is not None:
+            real_step = optimizer.optimizer.step
+
+            @functools.wraps(real_step)  # keeps the mark LambdaLR put on it: no warning
+            def counted_step(*args, **kwargs):
+                updates.append(len(seen))
+                return real_step(*args, **kwargs)
+
+            patch.setattr(optimizer.optimizer, "step", counted_step)
+        train_step()
+    return [tuple(seen[i : i + 4]) for i in range(0, 12, 4)], updates
+
+
+def assert_seeded_shuffles(first, again, later):
+    """The rows of three calls of rows_per_pass (steps 7, 7 and 8): PPO's mini-batches, a new seeded shuffle each pass."""
+    assert all(sorted(order) == [0, 1, 2, 3] for order in first + later)  # every sequence once a pass
+    assert first == again  # the same step, the same mini-batches: a resume stays exact
+    assert len(set(first + later)) > 1 and first != later  # a new shuffle per pass and per step
+    groups = [{row // 2 for row in order[:2]} for order in first + later]  # the first update's rows, by prompt
+    assert any(len(g) == 2 for g in groups)  # an update sees both prompts' groups

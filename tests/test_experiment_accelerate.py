@@ -1,14 +1,14 @@
 """experiment_accelerate: gradient accumulation through accelerate equals one pass over the same data;
 `python` and `accelerate launch` both run it; save_state / load_state checkpoints resume at the right step."""
 
-import functools
 import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import ROOT, load_experiment, run_command, run_script, tensorboard_scalars, write_jsonl
+from conftest import (ROOT, assert_seeded_shuffles, four_sequences, load_experiment, rows_per_pass, run_command, run_script,
+                      tensorboard_scalars, write_jsonl)
 SCRIPT = ROOT / "experiment_accelerate" / "train.py"
 
 
@@ -125,36 +125,14 @@ def test_mini_batches_are_a_seeded_shuffle_each_pass(tiny_model_dir, monkeypatch
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: 1.0)
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=args.gradient_accumulation_steps)
     model, optimizer = accelerator.prepare(model, optimizer)
-    ids = torch.randint(5, 60, (4, 9), generator=torch.Generator().manual_seed(1))
-    action_mask = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0]])
-    attention = torch.cat([torch.ones(4, 4, dtype=torch.long), action_mask], dim=1)
-    batch = (ids, attention, action_mask, torch.tensor([1.0, -1.0, 0.5, -0.5]))
-    real, real_step = experiment.sequence_log_probs, optimizer.optimizer.step
+    batch = four_sequences()
 
     def passes(step):  # the rows each forward pass with gradients took, and the updates made, as 3 passes of 4 rows
-        seen, updates = [], []
-
-        def spy(model, input_ids, *rest, **kwargs):
-            if torch.is_grad_enabled():
-                seen.extend((input_ids[:, None] == ids[None]).all(-1).int().argmax(-1).tolist())
-            return real(model, input_ids, *rest, **kwargs)
-
-        @functools.wraps(real_step)  # keeps the mark LambdaLR put on it: no warning
-        def counted_step(*a, **kw):
-            updates.append(len(seen))
-            return real_step(*a, **kw)
-
-        monkeypatch.setattr(experiment, "sequence_log_probs", spy)
-        monkeypatch.setattr(optimizer.optimizer, "step", counted_step)
         model.train()
-        experiment.train_step(model, batch, args, optimizer, scheduler, accelerator, step=step)
+        train = lambda: experiment.train_step(model, batch, args, optimizer, scheduler, accelerator, step=step)  # noqa: E731
+        rows, updates = rows_per_pass(experiment, batch[0], train, optimizer)
         assert updates == [2, 4, 6, 8, 10, 12]  # an update after every K = 2 micro-batches of one sequence
-        return [tuple(seen[i : i + 4]) for i in range(0, 12, 4)]
+        return rows
 
-    first, again, later = passes(7), passes(7), passes(8)
-    assert all(sorted(order) == [0, 1, 2, 3] for order in first + later)  # every sequence once a pass
-    assert first == again  # the same step, the same mini-batches: a resume stays exact
-    assert len(set(first + later)) > 1 and first != later  # a new shuffle per pass and per step
-    groups = [{row // 2 for row in order[:2]} for order in first + later]  # the first update's rows, by prompt
-    assert any(len(g) == 2 for g in groups)  # an update sees both prompts' groups
+    assert_seeded_shuffles(passes(7), passes(7), passes(8))
     assert scheduler.last_epoch == 18

@@ -15,7 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import HANG_GUARD_SECONDS, ROOT, run_command, tensorboard_scalars, write_jsonl
+from conftest import (HANG_GUARD_SECONDS, ROOT, four_sequences, rows_per_pass, run_command,
+                      tensorboard_scalars, write_jsonl)
 
 SCRIPT = ROOT / "experiment_accelerate_ddp" / "train.py"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # two processes on two cores: one thread each
@@ -211,31 +212,16 @@ def test_each_pass_is_a_seeded_shuffle_of_this_process_rows(tiny_model_dir, monk
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: 1.0)
     accelerator = Accelerator(cpu=True)
     policy, optimizer = accelerator.prepare(ddp.PolicyLogProbs(model), optimizer)
-    ids = torch.randint(5, 60, (4, 9), generator=torch.Generator().manual_seed(1))
-    action_mask = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0]])
-    attention = torch.cat([torch.ones(4, 4, dtype=torch.long), action_mask], dim=1)
-    batch = (ids, attention, action_mask, torch.tensor([1.0, -1.0, 0.5, -0.5]))
-    real, real_step = ddp.sequence_log_probs, optimizer.optimizer.step
+    batch = four_sequences()
 
     def passes(step):  # the rows each forward pass with gradients took, and the updates made, as 3 passes of 4 rows
-        seen, updates = [], []
-
-        def spy(model, input_ids, *rest, **kwargs):
-            if torch.is_grad_enabled():
-                seen.extend((input_ids[:, None] == ids[None]).all(-1).int().argmax(-1).tolist())
-            return real(model, input_ids, *rest, **kwargs)
-
-        def counted_step(*a, **kw):
-            updates.append(len(seen))
-            return real_step(*a, **kw)
-
-        monkeypatch.setattr(ddp, "sequence_log_probs", spy)
-        monkeypatch.setattr(optimizer.optimizer, "step", counted_step)
         policy.train()
-        stats = ddp.train_step(policy, batch, args, optimizer, scheduler, accelerator, 4, step=step)
+        stats = {}
+        train = lambda: stats.update(ddp.train_step(policy, batch, args, optimizer, scheduler, accelerator, 4, step=step))  # noqa: E731
+        rows, updates = rows_per_pass(ddp, batch[0], train, optimizer)
         assert updates == [4, 8, 12]  # one update a pass, after its 4 micro-batches of one sequence
         assert "kl" in stats  # measured: --kl-weight 0.01
-        return [tuple(seen[i : i + 4]) for i in range(0, 12, 4)]
+        return rows
 
     first, again, later = passes(7), passes(7), passes(8)
     assert all(sorted(order) == [0, 1, 2, 3] for order in first + later)  # every sequence once a pass

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from conftest import SINGLE_PROCESS, load_experiment
+from conftest import SINGLE_PROCESS, assert_seeded_shuffles, four_sequences, load_experiment, rows_per_pass
 
 
 def test_group_advantages_by_hand(experiment):
@@ -288,10 +288,7 @@ def step_setup(module, model_dir, *options):
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 0.1)
-    ids = torch.randint(5, 60, (4, 9), generator=torch.Generator().manual_seed(1))
-    action_mask = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0]])
-    attention = torch.cat([torch.ones(4, 4, dtype=torch.long), action_mask], dim=1)
-    batch = (ids, attention, action_mask, torch.tensor([1.0, -1.0, 0.5, -0.5]))
+    batch = four_sequences()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: min(1.0, (t + 1) / (args.warmup_steps + 1)))
     return args, model, batch, optimizer, scheduler
@@ -345,26 +342,12 @@ def test_mini_batches_are_a_seeded_shuffle_each_pass(single, monkeypatch):
     module, model_dir = single
     args, model, batch, optimizer, scheduler = step_setup(module, model_dir, "--updates-per-step", "2",
                                                           "--epochs-per-step", "3", "--train-batch-size", "1")
-    ids, real = batch[0], module.sequence_log_probs
 
-    def passes(step):  # the rows each forward pass with gradients took, in order, as 3 passes of 4 rows
-        seen = []
+    def passes(step):
+        train = lambda: module.train_step(model, batch, args, optimizer, scheduler, step=step)  # noqa: E731
+        return rows_per_pass(module, batch[0], train)[0]
 
-        def spy(model, input_ids, *rest, **kwargs):
-            if torch.is_grad_enabled():
-                seen.extend((input_ids[:, None] == ids[None]).all(-1).int().argmax(-1).tolist())
-            return real(model, input_ids, *rest, **kwargs)
-
-        monkeypatch.setattr(module, "sequence_log_probs", spy)
-        module.train_step(model, batch, args, optimizer, scheduler, step=step)
-        return [tuple(seen[i : i + 4]) for i in range(0, 12, 4)]
-
-    first, again, later = passes(7), passes(7), passes(8)
-    assert all(sorted(order) == [0, 1, 2, 3] for order in first + later)  # every sequence once a pass
-    assert first == again  # the same step, the same mini-batches: a resume stays exact
-    assert len(set(first + later)) > 1 and first != later  # a new shuffle per pass and per step
-    groups = [{row // 2 for row in order[:2]} for order in first + later]  # the first update's rows, by prompt
-    assert any(len(g) == 2 for g in groups)  # an update sees both prompts' groups
+    assert_seeded_shuffles(passes(7), passes(7), passes(8))
 
 
 def test_learning_rate_schedule_counts_optimizer_updates(single):
