@@ -14,8 +14,9 @@ ratio dropped / kept.
 import argparse
 import statistics
 import time
+from pathlib import Path
 
-from common import load_experiment, machine, resolved_dtype, workload, write_json
+from common import ROOT, load_experiment, machine, resolved_dtype, workload, write_json
 
 
 def parse_args(argv=None):
@@ -28,8 +29,8 @@ def parse_args(argv=None):
     p.add_argument("--shares", type=float, nargs="+", help="ENDED_SHARE values to compare as 'dropped' (default: "
                    "experiment_base's own)")
     p.add_argument("--dtype", default="auto", help="model dtype, as experiment_base's --dtype (default: %(default)s)")
-    p.add_argument("--data-path", default=None, help="prompts (default: data/math_tasks.jsonl)")
-    p.add_argument("--json", type=lambda text: __import__("pathlib").Path(text), help="also write the results as JSON here")
+    p.add_argument("--data-path", default=str(ROOT / "data" / "math_tasks.jsonl"), help="prompts (default: data/math_tasks.jsonl)")
+    p.add_argument("--json", type=Path, help="also write the results as JSON here")
     args = p.parse_args(argv)
     if min(args.prompts, args.group_size, args.max_new_tokens, args.repeats) < 1:
         p.error("--prompts, --group-size, --max-new-tokens and --repeats must be at least 1")
@@ -40,8 +41,6 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     base = load_experiment()
-    if args.data_path is None:
-        args.data_path = str(base.Path(__file__).resolve().parent.parent / "data" / "math_tasks.jsonl")
     path, dtype, device, _, tasks = workload(args, base)
     options = base.parse_args(["--model-name", path, "--device", device, "--dtype", str(dtype).removeprefix("torch."),
                                "--quantization", "none"])
