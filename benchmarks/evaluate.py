@@ -5,7 +5,7 @@ Uses experiment_base's own prompts, sampling loop and reward terms (accuracy = m
     python benchmarks/evaluate.py                                    # packaged Gemma-3-270M, every task, 100 problems
     python benchmarks/evaluate.py --tasks math --checkpoint output/RUN/step_000050
     python benchmarks/evaluate.py --model-name DIR --eval-prompts 20 --max-length 64
-    python benchmarks/evaluate.py --tasks gsm8k --data gsm8k=/tmp/gsm8k/gsm8k_test.jsonl
+    python benchmarks/evaluate.py --tasks gsm8k --data gsm8k=/tmp/gsm8k/test-00000-of-00001.parquet
     python benchmarks/evaluate.py --tasks math --filter num_terms=2 --filter num_digits=2 --filter ops=+,-,+- --samples 16
 
 With --samples K it also samples K completions per problem at --temperature (1, as GRPO's rollouts do),
@@ -13,8 +13,8 @@ and reports their accuracy and pass@K (the share of problems with at least one c
 among the K). A problem no completion gets right gives GRPO nothing to reinforce: pass@K at the
 group size bounds how many groups can carry a correctness signal.
 
-A task whose held-out file is missing (GSM8K needs data/prepare_gsm8k.py and the hub, or a local
-copy) is reported as such, not as a failure.
+A task whose held-out data cannot be read (GSM8K comes from the hub, openai/gsm8k; offline, give a
+local copy with --data gsm8k=FILE) is reported as not run, with the reason, not as a failure.
 """
 
 import argparse
@@ -107,10 +107,12 @@ def main(argv=None):
                                    "--max-length", str(args.max_length), "--dtype", args.dtype,
                                    "--generation-batch-size", str(args.generation_batch_size), *args.lora_options])
         path = args.data.get(task, options.eval_data_path)
-        if not Path(path).is_file():
-            results[task] = {"missing": path}
+        try:
+            tasks = base.load_tasks(path, filters=args.filter, max_rows=args.eval_prompts, config=options.data_config,
+                                    split=options.eval_split, task=task)
+        except base.InputError as e:  # a file not made yet, a hub dataset offline: said in the table, the rest run
+            results[task] = {"missing": str(e)}
             continue
-        tasks = base.load_tasks(path, filters=args.filter, max_rows=args.eval_prompts)
         if model is None:
             model, tokenizer = base.load_model(options)
             if args.checkpoint:
@@ -132,7 +134,7 @@ def main(argv=None):
     print(head + "\n|" + " --- |" * head.count(" |"))
     for task, r in results.items():
         if "missing" in r:
-            print(f"| {task} | - | not run: {r['missing']} is missing | |" + " |" * (2 if k else 0))
+            print(f"| {task} | - | not run: {r['missing']} | |" + " |" * (2 if k else 0))
         else:
             row = f"| {task} | {r['problems']} | {r['eval/accuracy']:.0%} | {r['eval/format_rate']:.0%} |"
             print(row + (f" {r['sample_accuracy']:.1%} | {r[f'pass@{k}']:.0%} |" if k else ""))

@@ -113,7 +113,8 @@ def sample_at_end(args, checkpoint, train_args, seed):
     base = load_experiment()
     options = base.parse_args(["--model-name", args.model_name, "--task", args.task, "--seed", str(seed),
                                *FILTERS.get(args.task, []), *train_args])
-    tasks = base.load_tasks(options.eval_data_path, options.prompt_key, options.answer_key, options.filter, args.samples)
+    tasks = base.load_tasks(options.eval_data_path, options.prompt_key, options.answer_key, options.filter, args.samples,
+                            options.data_config, options.eval_split, options.task)
     model, tokenizer = base.load_model(options)
     set_peft_model_state_dict(model, load_file(checkpoint / "adapter_model.safetensors"))
     base.add_prompts(model, tokenizer, options, tasks, [])

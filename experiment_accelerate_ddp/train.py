@@ -185,7 +185,8 @@ def add_prompts(model, tokenizer, args, train_tasks, eval_tasks):
 
 # The reward is a weighted sum of terms, each in [0, 1] and each logged on its own (their code is below the banner):
 #   correctness  the answer in the last <answer> tags is right (Knights-and-Knaves: optionally the
-#                fraction of inhabitants named correctly, with --partial-credit)
+#                fraction of inhabitants named correctly, with --partial-credit; math_latex: without
+#                tags, the last \boxed{}; LaTeX compared by math-verify)
 #   format       strictly "<think> reasoning </think> <answer> answer </answer>" and nothing else
 #   reasoning    the reasoning block is closed, of sensible length, and free of repetition loops
 #   custom       --reward-fn, a function of yours;  remote: --reward-url, an HTTP reward service
@@ -588,8 +589,8 @@ def run(args):
 
 # ---- Plumbing: nothing below this line changes the algorithm ----
 
-import fcntl, hashlib, http.client, importlib, inspect, json, os, pickle, resource  # noqa: E401,E402
-import shutil, signal, threading, urllib.error, urllib.request  # noqa: E401,E402
+import csv, fcntl, glob, hashlib, http.client, importlib, inspect, json, logging, os, pickle, resource  # noqa: E401,E402
+import shutil, signal, tempfile, threading, urllib.error, urllib.request  # noqa: E401,E402
 
 CACHE_DIR = Path(os.environ.get("TINY_GRPO_CACHE", Path.home() / ".cache" / "tiny-grpo"))
 
@@ -653,6 +654,11 @@ def folder_name(text):
         raise argparse.ArgumentTypeError(f"must be one plain folder name (no '/' or '\\', not '.' or '..'), got {text!r}")
     return text
 
+def split_name(text):
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a split's name, such as train or test[:100], got nothing")
+    return text
+
 def row_filter(text):
     if "=" not in text or not text.split("=", 1)[0]:
         raise argparse.ArgumentTypeError(f"expected FIELD=V1,V2, got {text!r}")
@@ -681,11 +687,18 @@ def add_setup_options(p):
                    "--dtype, as experiment_base")
     g = p.add_argument_group("task, data and reward")
     g.add_argument("--task", choices=list(TASKS), **by_device("task", "data files, worked example and answer comparison: "
-                   "numbers (math, gsm8k, sequence), whole numbers in digits or words (count_words), knight/knave roles"))
-    g.add_argument("--data-path", help="training tasks, JSONL; None: the --task's file in data/, as TASKS lists")
-    g.add_argument("--eval-data-path", help="held-out tasks, JSONL; None: the --task's held-out file in data/")
-    g.add_argument("--prompt-key", default="question", help="JSONL field holding the question")
-    g.add_argument("--answer-key", default="answer", help="JSONL field holding the reference answer")
+                   "numbers (math, gsm8k, sequence), LaTeX by math-verify (math_latex), whole numbers in digits or words "
+                   "(count_words), knight/knave roles"))
+    g.add_argument("--data-path", help="training tasks: a .jsonl, .json, .parquet or .csv file (or a glob of them, "
+                   "quoted), a dataset folder or a hub id; None: the --task's own, as TASKS lists (README: Data)")
+    g.add_argument("--data-config", help="the configuration (subset) of a hub id or folder, e.g. main for openai/gsm8k; "
+                   "None: the --task's own where --data-path is")
+    g.add_argument("--data-split", type=split_name, default="train", help="the split to train on, of a hub id or folder")
+    g.add_argument("--eval-data-path", help="held-out tasks, as --data-path; None: --data-path's --eval-split where "
+                   "--data-path is a hub id or folder, else the --task's held-out data")
+    g.add_argument("--eval-split", type=split_name, default="test", help="the held-out split, of a hub id or folder")
+    g.add_argument("--prompt-key", default="question", help="the field (column) holding the question")
+    g.add_argument("--answer-key", default="answer", help="the field (column) holding the reference answer")
     g.add_argument("--filter", type=row_filter, action="append", default=[], metavar="FIELD=V1,V2",
                    help="keep rows whose FIELD is one of the values, e.g. num_terms=2; repeatable")
     g.add_argument("--max-prompts", type=integer("[1, inf)"), help="use at most this many training rows; None: all")
@@ -728,8 +741,10 @@ def complete_args(args, parser):
             setattr(args, name, gpu if args.device.startswith("cuda") else cpu)
     if args.generation_batch_size is None:  # the whole step at once
         args.generation_batch_size = args.rollouts_per_step * args.group_size
-    args.data_path = args.data_path or TASKS[args.task].train
-    args.eval_data_path = args.eval_data_path or TASKS[args.task].eval
+    if args.data_path is None:  # the task's own data
+        args.data_path, args.data_config = TASKS[args.task].train, args.data_config or TASKS[args.task].config
+    if args.eval_data_path is None:  # a hub id or folder has its own held-out split; a file is evaluated on the task's
+        args.eval_data_path = args.data_path if has_splits(args.data_path) else TASKS[args.task].eval
     if not args.lora and args.quantization != "none":
         parser.error("--no-lora trains every weight, which quantized weights cannot do: add --quantization none")
     try:
@@ -737,6 +752,11 @@ def complete_args(args, parser):
     except ValueError as e:
         parser.error(f"--reward-weights {args.reward_weights!r}: {e}")
     return args
+
+def has_splits(path):
+    """Whether --data-path names something with splits (a hub id, or a folder other than one saved dataset)."""
+    folder = Path(path).expanduser()
+    return not (folder / "state.json").is_file() if folder.is_dir() else hub_id(path)
 
 def resolve_device(device, parser):
     if device == "auto":
@@ -941,18 +961,23 @@ def load_inputs(args):
     """(Scorer, training tasks, held-out tasks): a bad data file or reward option fails before the model loads."""
     score = Scorer(args.task, args.reasoning_format, args.partial_credit, args.reward_weights, args.reward_fn,
                    args.reward_url, args.reward_timeout, args.reward_retries, custom_timeout=args.reward_fn_timeout)
-    train_tasks = load_tasks(args.data_path, args.prompt_key, args.answer_key, args.filter, args.max_prompts)
+    train_tasks = load_tasks(args.data_path, args.prompt_key, args.answer_key, args.filter, args.max_prompts,
+                             args.data_config, args.data_split, args.task)
     eval_tasks = []
     if args.eval_interval:
-        eval_tasks = load_tasks(args.eval_data_path, args.prompt_key, args.answer_key, args.filter, args.eval_prompts)
+        eval_tasks = load_tasks(args.eval_data_path, args.prompt_key, args.answer_key, args.filter, args.eval_prompts,
+                                args.data_config, args.eval_split, args.task)
     return score, train_tasks, eval_tasks
 
-# --task: its data files (training, held out) and a worked example (question, reasoning, answer) that shows the format
-Task = namedtuple("Task", "train eval question reasoning answer")
+# --task: its data (training, held out: a file in data/, or a hub id and its configuration) and a worked example
+# (question, reasoning, answer) that shows the format
+Task = namedtuple("Task", "train eval question reasoning answer config", defaults=(None,))
 TASKS = {
     "math": Task("data/math_tasks.jsonl", "data/math_tasks_eval.jsonl", "What is 3 + 4 * 2?", "3 + 4 * 2 = 3 + 8 = 11", "11"),
-    "gsm8k": Task("data/gsm8k_train.jsonl", "data/gsm8k_test.jsonl", "A shop has 3 boxes with 4 apples in each box. How "
-                  "many apples does the shop have?", "3 boxes of 4 apples hold 3 * 4 = 12 apples", "12"),
+    "gsm8k": Task("openai/gsm8k", "openai/gsm8k", "A shop has 3 boxes with 4 apples in each box. How many apples does "
+                  "the shop have?", "3 boxes of 4 apples hold 3 * 4 = 12 apples", "12", config="main"),
+    "math_latex": Task("data/math_latex.jsonl", "data/math_latex_eval.jsonl", "Solve for x: 2x + 1 = 4.",
+                       "2x = 4 - 1 = 3, so x = 3/2", r"\frac{3}{2}"),  # LaTeX answers, compared by math-verify
     "knights_knaves": Task("data/knights_knaves.jsonl", "data/knights_knaves_eval.jsonl", 'Zoey says, "At least one '
                            'of us is a knave." Ethan says, "Zoey is a knave." So who is a knight and who is a knave?', "If Zoey "
                            "were a knave, her statement would be true, so she is a knight; then Ethan lies", "(1) Zoey is a knight (2) Ethan is a knave"),
@@ -963,60 +988,147 @@ TASKS = {
                      # by 7; its step is not its first term, so "7 more" can only mean the step
 }
 
-def load_tasks(path, prompt_key="question", answer_key="answer", filters=(), max_rows=None):
-    """Read JSONL tasks as [{"question", "answer", "metadata"}], metadata holding the row's other fields.
-    Errors name the file and the line."""
+def load_tasks(path, prompt_key="question", answer_key="answer", filters=(), max_rows=None, config=None, split="train",
+               task=None):
+    """Tasks as [{"question", "answer", "metadata"}], metadata holding the row's other fields, from anything
+    datasets.load_dataset opens (read_rows). Every row is checked here, so errors name the file and the line (JSONL)
+    or row. --task gsm8k takes GSM8K's final answer, after '####'."""
     wanted = {}
     for item in filters:
         field, _, values = item.partition("=")
         wanted[field] = set(values.split(","))
-    if not Path(path).exists():
-        raise InputError(f"{path}: no such file (run from the repository root; the scripts in data/ make the task files)")
-    if not Path(path).is_file():  # a FIFO would hang the read, /dev/zero fill memory
-        raise InputError(f"{path}: not a regular file")
-    try:  # utf-8-sig: a byte-order mark is no part of the first line; lines end at \n only (U+2028 is legal in JSON)
-        lines = Path(path).read_text(encoding="utf-8-sig").split("\n")
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"{path}: cannot read: {e}")
     tasks = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise InputError(f"{path}:{number}: not valid JSON ({e.msg} at column {e.colno})")
-        except RecursionError:
-            raise InputError(f"{path}:{number}: nested too deeply to be a task")
-        except ValueError as e:  # an integer of more than 4,300 digits
-            raise InputError(f"{path}:{number}: {str(e).split(';')[0]}")
+    for where, row in read_rows(path, config, split):
         if not isinstance(row, dict):
-            raise InputError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}")
+            raise InputError(f"{where}: expected a JSON object, got {type(row).__name__}")
         for key, option in ((prompt_key, "--prompt-key"), (answer_key, "--answer-key")):
             if key not in row:
-                raise InputError(f"{path}:{number}: no field {key!r} ({option}); the line has {sorted(row)}")
+                raise InputError(f"{where}: no field {key!r} ({option}); the row has {sorted(row)}")
+            if row[key] is None:  # null in JSON, an empty cell or a missing value in a table
+                raise InputError(f"{where}: field {key!r} is empty (null)")
             if not isinstance(row[key], (str, int, float)) or isinstance(row[key], bool):
-                raise InputError(f"{path}:{number}: field {key!r} must be a string, got {type(row[key]).__name__}")
+                raise InputError(f"{where}: field {key!r} must be a string, got {type(row[key]).__name__}")
             try:
                 str(row[key]).encode("utf-8")  # JSON's \ud800 escapes decode to lone surrogates, which no tokenizer takes
             except UnicodeEncodeError:
-                raise InputError(f"{path}:{number}: field {key!r} holds a lone surrogate (an escape in \\ud800-\\udfff)")
+                raise InputError(f"{where}: field {key!r} holds a lone surrogate (an escape in \\ud800-\\udfff)")
             if not str(row[key]).strip():
-                raise InputError(f"{path}:{number}: field {key!r} is empty")
+                raise InputError(f"{where}: field {key!r} is empty")
             if isinstance(row[key], float) and not math.isfinite(row[key]):  # NaN, Infinity, 1e400: no answer matches
-                raise InputError(f"{path}:{number}: field {key!r} is {row[key]}, which no completion can match")
+                raise InputError(f"{where}: field {key!r} is {row[key]}, which no completion can match")
         for field in wanted:
             if field not in row:
-                raise InputError(f"{path}:{number}: --filter {field}=...: the line has no field {field!r}")
+                raise InputError(f"{where}: --filter {field}=...: the row has no field {field!r}")
         if all(str(row[field]) in values for field, values in wanted.items()):
             metadata = {k: v for k, v in row.items() if k not in (prompt_key, answer_key)}
-            tasks.append({"question": str(row[prompt_key]), "answer": str(row[answer_key]), "metadata": metadata})
+            answer = str(row[answer_key])
+            if task == "gsm8k" and "####" in answer:
+                answer, metadata["solution"] = gsm8k_final_answer(answer, where)
+            tasks.append({"question": str(row[prompt_key]), "answer": answer, "metadata": metadata})
         if max_rows is not None and len(tasks) >= max_rows:
             break
     if not tasks:
         why = f" after --filter {' '.join(filters)}" if filters else ""
         raise InputError(f"{path}: no tasks{why}")
     return tasks
+
+def gsm8k_final_answer(text, where):
+    """GSM8K's answer field, 'worked solution #### 1,200' -> ('1200', 'worked solution')."""
+    solution, _, final = text.rpartition("####")
+    final = final.strip().replace(",", "")
+    try:
+        Fraction(final)  # the reward compares numbers: a final answer that is none could never be matched
+    except (ValueError, ZeroDivisionError):
+        raise InputError(f"{where}: the final answer after '####' is not a number: {final!r}")
+    return final, solution.strip()
+
+DATA_FILES = (".jsonl", ".json", ".parquet", ".csv")
+
+def read_rows(path, config=None, split="train"):
+    """(where, row) for each row of what --data-path names: a .jsonl, .json, .parquet or .csv file, a glob of them
+    ('data/*.parquet'), a dataset folder (a saved dataset, or data files as on the hub), or a hub id. 'where' is
+    'file:line' for JSONL (read here, line by line) and 'file: row N' for what datasets reads."""
+    path = str(path)
+    if Path(path).expanduser().is_dir():
+        yield from dataset_rows(str(Path(path).expanduser()), config, split)
+        return
+    if hub_id(path):
+        yield from dataset_rows(path, config, split, hub=True)
+        return
+    files = sorted(glob.glob(os.path.expanduser(path))) if any(c in path for c in "*?[") else [path]
+    if not files:
+        raise InputError(f"{path}: no file matches")
+    for file in files:
+        file = os.path.expanduser(file)
+        if not Path(file).exists():
+            raise InputError(f"{file}: no such file (run from the repository root; the scripts in data/ make the task files)")
+        if not Path(file).is_file():  # a FIFO would hang the read, /dev/zero fill memory
+            raise InputError(f"{file}: not a regular file")
+        if not file.endswith(DATA_FILES):
+            raise InputError(f"{file}: expected a {', '.join(DATA_FILES)} file, a dataset folder or a hub id")
+        yield from jsonl_rows(file) if file.endswith(".jsonl") else dataset_rows(file, kind=Path(file).suffix[1:])
+
+def hub_id(path):
+    """Whether path is no file, folder, glob or path here, so a name on the hub: 'openai/gsm8k'."""
+    return not (Path(path).expanduser().exists() or any(c in path for c in "*?[") or path.endswith(DATA_FILES)
+                or path.startswith(("/", "./", "../", "~")))
+
+def jsonl_rows(path):
+    try:  # utf-8-sig: a byte-order mark is no part of the first line; lines end at \n only (U+2028 is legal in JSON)
+        lines = Path(path).read_text(encoding="utf-8-sig").split("\n")
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"{path}: cannot read: {e}")
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            yield f"{path}:{number}", json.loads(line)
+        except json.JSONDecodeError as e:
+            raise InputError(f"{path}:{number}: not valid JSON ({e.msg} at column {e.colno})")
+        except RecursionError:
+            raise InputError(f"{path}:{number}: nested too deeply to be a task")
+        except ValueError as e:  # an integer of more than 4,300 digits
+            raise InputError(f"{path}:{number}: {str(e).split(';')[0]}")
+
+def dataset_rows(path, config=None, split="train", kind=None, hub=False):
+    """Rows as the datasets library reads them. Files and folders are streamed (read once, in place: no Arrow copy,
+    nothing written in your home), a saved dataset is memory-mapped where it lies, a hub id goes through the Hugging
+    Face cache (downloaded once; HF_DATASETS_OFFLINE=1 then reads it offline). A CSV's columns are read as text."""
+    import datasets  # here, not at the top: nothing is imported or downloaded before data is read
+
+    where = f"{path} (config {config}, split {split})" if hub else path
+    with tempfile.TemporaryDirectory(prefix="tiny-grpo-data-") as cache:
+        try:
+            if kind:
+                features = None
+                if kind == "csv":  # text, as written: '007' and '1/2' stay answers, not the numbers 7 and 0.5
+                    with open(path, newline="", encoding="utf-8-sig") as f:
+                        features = datasets.Features({name: datasets.Value("string") for name in next(csv.reader(f), [])})
+                data = datasets.load_dataset(kind, data_files=path, split="train", streaming=True, cache_dir=cache,
+                                             features=features)
+            elif hub:
+                logging.getLogger("huggingface_hub").setLevel(logging.ERROR)  # a failure in one line, not five retries
+                data = datasets.load_dataset(path, config, split=split)
+            elif any((Path(path) / name).is_file() for name in ("state.json", "dataset_dict.json")):  # save_to_disk
+                data = datasets.load_from_disk(path)
+                if isinstance(data, datasets.DatasetDict):
+                    if split not in data:
+                        raise InputError(f"{path}: no split {split!r} (it has {', '.join(data)}): choose one with "
+                                         "--data-split / --eval-split")
+                    data = data[split]
+            else:
+                data = datasets.load_dataset(path, config, split=split, streaming=True, cache_dir=cache)
+            for number, row in enumerate(data, start=1):
+                yield f"{where}: row {number}", row
+        except ConnectionError:
+            raise InputError(f"{where}: cannot reach the Hugging Face hub (no network, or HF_HUB_OFFLINE=1) and it is no "
+                             "local file or folder: where there is network, save it with datasets.load_dataset("
+                             f"{path!r}, {config!r}, split={split!r}).to_parquet(FILE), then give that FILE here")
+        except InputError:
+            raise
+        except Exception as e:  # datasets' own errors (a broken parquet, a missing config or split): one line
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise InputError(f"{where}: datasets cannot read it: {reason}")
 
 def check_context(model, tokenizer, args, train_tasks, eval_tasks):
     """Refuse questions whose prompt, with the completion budget, does not fit the model's context: they would fail
@@ -1091,7 +1203,38 @@ def reference_roles(answer):
     """'(1) Zoey is a knight\n(2) Ethan is a knave' -> {'zoey': 'knight', 'ethan': 'knave'}."""
     return {name.lower(): role.lower() for name, role in re.findall(r"([A-Z][\w-]*) is an? (knight|knave)", answer)}
 
+MATH_VERIFY_SECONDS = 2  # math-verify stops parsing or comparing one answer after this; whole seconds (SIGALRM)
+
+def latex_equal(text, answer):
+    """Whether math-verify finds the LaTeX text equal to the reference: \\frac{1}{2} = 0.5 = 1/2, \\boxed{3} = 3,
+    [2, 5) an interval, \\sqrt{2} = 2^{1/2}. An expression that takes longer than MATH_VERIFY_SECONDS is not equal."""
+    if text is None:
+        return False
+    gold, given = parse_latex(answer), parse_latex(text)
+    return bool(gold and given) and math_verify().verify(gold, given, timeout_seconds=MATH_VERIFY_SECONDS)
+
+def parse_latex(text):
+    """math-verify's reading of a LaTeX answer ([] when it finds none); it looks for LaTeX between $ signs."""
+    return math_verify().parse(text if "$" in text else f"${text}$", parsing_timeout=MATH_VERIFY_SECONDS)
+
+def math_verify():
+    import math_verify  # imported when a math_latex answer is first compared: it takes sympy, a second to import
+
+    logging.getLogger("math_verify").setLevel(logging.ERROR)  # a timeout is a wrong answer, not a page of its LaTeX
+    return math_verify
+
+def last_boxed(text):
+    """The content of the last \\boxed{...}, braces balanced, or None."""
+    start = text.rfind("\\boxed{")
+    depth = 0
+    for end in range(start + len("\\boxed"), len(text)) if start >= 0 else ():
+        depth += {"{": 1, "}": -1}.get(text[end], 0)
+        if depth == 0:
+            return text[start + len("\\boxed{") : end]
+    return None
+
 # -- the built-in reward terms, which reward_terms collects
+
 
 def extract_answer(completion):
     """The text inside the last <answer>...</answer>, or None."""
@@ -1100,6 +1243,8 @@ def extract_answer(completion):
 
 def correctness(completion, answer, task="math", partial_credit=False):
     predicted = extract_answer(completion)
+    if task == "math_latex":  # the answer in the tags, else the last \boxed{}, compared by math-verify
+        return float(latex_equal(predicted if predicted is not None else last_boxed(completion), answer))
     if predicted is None:
         return 0.0
     if task == "knights_knaves":  # the set of (name, role) pairs, in any order
@@ -1137,6 +1282,8 @@ def answer_parses(text, task):
         return bool(ROLE_CLAIM.search(text or ""))
     if task == "count_words":
         return parse_count(text) is not None
+    if task == "math_latex":  # words parse too, as products of letters: an answer has a digit or a LaTeX command
+        return bool(re.search(r"[0-9\\]", text or "")) and bool(parse_latex(text))
     return parse_number(text) is not None
 
 def parse_weights(text):
@@ -1330,8 +1477,8 @@ def pad_right(x, width, value):
 HELD_LOCKS = {}  # run folder -> a descriptor of it; flock holds it while this process lives, however it ends
 # What a resume cannot change: what the weights are, and the data whose position the checkpoint holds. Everything
 # else may change; --lr and --warmup-steps apply from the next update (the optimizer's state carries on).
-RESUME_MUST_MATCH = ("model_name", "quantization", "lora", "lora_r", "lora_alpha",
-                     "task", "data_path", "filter", "prompt_key", "answer_key", "max_prompts", "seed")
+RESUME_MUST_MATCH = ("model_name", "quantization", "lora", "lora_r", "lora_alpha", "task", "data_path", "data_config",
+                     "data_split", "filter", "prompt_key", "answer_key", "max_prompts", "seed")
 
 def claim_run(args):
     """(the checkpoint --resume names, or None; the run folder). Before a minute goes into loading the model: the

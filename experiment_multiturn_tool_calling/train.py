@@ -664,8 +664,8 @@ def run(args):
 
 # ---- Plumbing: nothing below this line changes the algorithm ----
 
-import ast, fcntl, hashlib, http.client, importlib, inspect, json, operator, os, pickle, resource  # noqa: E401,E402
-import shutil, signal, threading, urllib.error, urllib.request  # noqa: E401,E402
+import ast, csv, fcntl, glob, hashlib, http.client, importlib, inspect, json, logging, operator, os, pickle  # noqa: E401,E402
+import resource, shutil, signal, tempfile, threading, urllib.error, urllib.request  # noqa: E401,E402
 
 CACHE_DIR = Path(os.environ.get("TINY_GRPO_CACHE", Path.home() / ".cache" / "tiny-grpo"))
 
@@ -729,6 +729,11 @@ def folder_name(text):
         raise argparse.ArgumentTypeError(f"must be one plain folder name (no '/' or '\\', not '.' or '..'), got {text!r}")
     return text
 
+def split_name(text):
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a split's name, such as train or test[:100], got nothing")
+    return text
+
 def row_filter(text):
     if "=" not in text or not text.split("=", 1)[0]:
         raise argparse.ArgumentTypeError(f"expected FIELD=V1,V2, got {text!r}")
@@ -753,10 +758,15 @@ def add_setup_options(p):
     g.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false", help="keep "
                    "activations instead of recomputing them (faster, more memory); gradient_checkpointing=%(default)s by default")
     g = p.add_argument_group("task, data and reward")
-    g.add_argument("--data-path", default="data/tool_tasks.jsonl", help="training tasks, JSONL with numeric answers")
-    g.add_argument("--eval-data-path", default="data/tool_tasks_eval.jsonl", help="held-out tasks, JSONL")
-    g.add_argument("--prompt-key", default="question", help="JSONL field holding the question")
-    g.add_argument("--answer-key", default="answer", help="JSONL field holding the reference answer")
+    g.add_argument("--data-path", default="data/tool_tasks.jsonl", help="training tasks: a .jsonl, .json, .parquet or .csv file "
+                   "(or a glob of them, quoted), a dataset folder or a hub id (README: Data)")
+    g.add_argument("--data-config", help="the configuration (subset) of a hub id or folder")
+    g.add_argument("--data-split", type=split_name, default="train", help="the split to train on, of a hub id or folder")
+    g.add_argument("--eval-data-path", help="held-out tasks, as --data-path; None: --data-path's --eval-split where "
+                   "--data-path is a hub id or folder, else data/tool_tasks_eval.jsonl")
+    g.add_argument("--eval-split", type=split_name, default="test", help="the held-out split, of a hub id or folder")
+    g.add_argument("--prompt-key", default="question", help="the field (column) holding the question")
+    g.add_argument("--answer-key", default="answer", help="the field (column) holding the reference answer")
     g.add_argument("--filter", type=row_filter, action="append", default=[], metavar="FIELD=V1,V2",
                    help="keep rows whose FIELD is one of the values, e.g. num_terms=2; repeatable")
     g.add_argument("--max-prompts", type=integer("[1, inf)"), help="use at most this many training rows; None: all")
@@ -793,6 +803,8 @@ def complete_args(args, parser):
             setattr(args, name, gpu if args.device.startswith("cuda") else cpu)
     if args.generation_batch_size is None:  # the whole step at once
         args.generation_batch_size = args.rollouts_per_step * args.group_size
+    if args.eval_data_path is None:  # a hub id or folder has its own held-out split
+        args.eval_data_path = args.data_path if has_splits(args.data_path) else "data/tool_tasks_eval.jsonl"
     if args.updates_per_step > args.rollouts_per_step * args.group_size:
         parser.error(f"--updates-per-step {args.updates_per_step}: a step has only {args.rollouts_per_step * args.group_size} "
                      "sequences (rollouts-per-step x group-size) to split into mini-batches")
@@ -803,6 +815,11 @@ def complete_args(args, parser):
     except ValueError as e:
         parser.error(f"--reward-weights {args.reward_weights!r}: {e}")
     return args
+
+def has_splits(path):
+    """Whether --data-path names something with splits (a hub id, or a folder other than one saved dataset)."""
+    folder = Path(path).expanduser()
+    return not (folder / "state.json").is_file() if folder.is_dir() else hub_id(path)
 
 def resolve_device(device, parser):
     if device == "auto":
@@ -900,57 +917,44 @@ def load_inputs(args):
     """(Scorer, training tasks, held-out tasks): a bad data file or reward option fails before the model loads."""
     score = Scorer(args.reward_weights, args.reward_fn, args.reward_url, args.reward_timeout, args.reward_retries,
                    custom_timeout=args.reward_fn_timeout)
-    train_tasks = load_tasks(args.data_path, args.prompt_key, args.answer_key, args.filter, args.max_prompts)
+    train_tasks = load_tasks(args.data_path, args.prompt_key, args.answer_key, args.filter, args.max_prompts,
+                             args.data_config, args.data_split)
     eval_tasks = []
     if args.eval_interval:
-        eval_tasks = load_tasks(args.eval_data_path, args.prompt_key, args.answer_key, args.filter, args.eval_prompts)
+        eval_tasks = load_tasks(args.eval_data_path, args.prompt_key, args.answer_key, args.filter, args.eval_prompts,
+                                args.data_config, args.eval_split)
     return score, train_tasks, eval_tasks
 
-def load_tasks(path, prompt_key="question", answer_key="answer", filters=(), max_rows=None):
-    """Read JSONL tasks as [{"question", "answer", "metadata"}], metadata holding the row's other fields.
-    Errors name the file and the line."""
+def load_tasks(path, prompt_key="question", answer_key="answer", filters=(), max_rows=None, config=None, split="train"):
+    """Tasks as [{"question", "answer", "metadata"}], metadata holding the row's other fields, from anything
+    datasets.load_dataset opens (read_rows). Every row is checked here, so errors name the file and the line (JSONL)
+    or row."""
     wanted = {}
     for item in filters:
         field, _, values = item.partition("=")
         wanted[field] = set(values.split(","))
-    if not Path(path).exists():
-        raise InputError(f"{path}: no such file (run from the repository root; the scripts in data/ make the task files)")
-    if not Path(path).is_file():  # a FIFO would hang the read, /dev/zero fill memory
-        raise InputError(f"{path}: not a regular file")
-    try:  # utf-8-sig: a byte-order mark is no part of the first line; lines end at \n only (U+2028 is legal in JSON)
-        lines = Path(path).read_text(encoding="utf-8-sig").split("\n")
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"{path}: cannot read: {e}")
     tasks = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise InputError(f"{path}:{number}: not valid JSON ({e.msg} at column {e.colno})")
-        except RecursionError:
-            raise InputError(f"{path}:{number}: nested too deeply to be a task")
-        except ValueError as e:  # an integer of more than 4,300 digits
-            raise InputError(f"{path}:{number}: {str(e).split(';')[0]}")
+    for where, row in read_rows(path, config, split):
         if not isinstance(row, dict):
-            raise InputError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}")
+            raise InputError(f"{where}: expected a JSON object, got {type(row).__name__}")
         for key, option in ((prompt_key, "--prompt-key"), (answer_key, "--answer-key")):
             if key not in row:
-                raise InputError(f"{path}:{number}: no field {key!r} ({option}); the line has {sorted(row)}")
+                raise InputError(f"{where}: no field {key!r} ({option}); the row has {sorted(row)}")
+            if row[key] is None:  # null in JSON, an empty cell or a missing value in a table
+                raise InputError(f"{where}: field {key!r} is empty (null)")
             if not isinstance(row[key], (str, int, float)) or isinstance(row[key], bool):
-                raise InputError(f"{path}:{number}: field {key!r} must be a string, got {type(row[key]).__name__}")
+                raise InputError(f"{where}: field {key!r} must be a string, got {type(row[key]).__name__}")
             try:
                 str(row[key]).encode("utf-8")  # JSON's \ud800 escapes decode to lone surrogates, which no tokenizer takes
             except UnicodeEncodeError:
-                raise InputError(f"{path}:{number}: field {key!r} holds a lone surrogate (an escape in \\ud800-\\udfff)")
+                raise InputError(f"{where}: field {key!r} holds a lone surrogate (an escape in \\ud800-\\udfff)")
             if not str(row[key]).strip():
-                raise InputError(f"{path}:{number}: field {key!r} is empty")
+                raise InputError(f"{where}: field {key!r} is empty")
             if isinstance(row[key], float) and not math.isfinite(row[key]):  # NaN, Infinity, 1e400: no answer matches
-                raise InputError(f"{path}:{number}: field {key!r} is {row[key]}, which no completion can match")
+                raise InputError(f"{where}: field {key!r} is {row[key]}, which no completion can match")
         for field in wanted:
             if field not in row:
-                raise InputError(f"{path}:{number}: --filter {field}=...: the line has no field {field!r}")
+                raise InputError(f"{where}: --filter {field}=...: the row has no field {field!r}")
         if all(str(row[field]) in values for field, values in wanted.items()):
             metadata = {k: v for k, v in row.items() if k not in (prompt_key, answer_key)}
             tasks.append({"question": str(row[prompt_key]), "answer": str(row[answer_key]), "metadata": metadata})
@@ -960,6 +964,94 @@ def load_tasks(path, prompt_key="question", answer_key="answer", filters=(), max
         why = f" after --filter {' '.join(filters)}" if filters else ""
         raise InputError(f"{path}: no tasks{why}")
     return tasks
+
+DATA_FILES = (".jsonl", ".json", ".parquet", ".csv")
+
+def read_rows(path, config=None, split="train"):
+    """(where, row) for each row of what --data-path names: a .jsonl, .json, .parquet or .csv file, a glob of them
+    ('data/*.parquet'), a dataset folder (a saved dataset, or data files as on the hub), or a hub id. 'where' is
+    'file:line' for JSONL (read here, line by line) and 'file: row N' for what datasets reads."""
+    path = str(path)
+    if Path(path).expanduser().is_dir():
+        yield from dataset_rows(str(Path(path).expanduser()), config, split)
+        return
+    if hub_id(path):
+        yield from dataset_rows(path, config, split, hub=True)
+        return
+    files = sorted(glob.glob(os.path.expanduser(path))) if any(c in path for c in "*?[") else [path]
+    if not files:
+        raise InputError(f"{path}: no file matches")
+    for file in files:
+        file = os.path.expanduser(file)
+        if not Path(file).exists():
+            raise InputError(f"{file}: no such file (run from the repository root; the scripts in data/ make the task files)")
+        if not Path(file).is_file():  # a FIFO would hang the read, /dev/zero fill memory
+            raise InputError(f"{file}: not a regular file")
+        if not file.endswith(DATA_FILES):
+            raise InputError(f"{file}: expected a {', '.join(DATA_FILES)} file, a dataset folder or a hub id")
+        yield from jsonl_rows(file) if file.endswith(".jsonl") else dataset_rows(file, kind=Path(file).suffix[1:])
+
+def hub_id(path):
+    """Whether path is no file, folder, glob or path here, so a name on the hub: 'openai/gsm8k'."""
+    return not (Path(path).expanduser().exists() or any(c in path for c in "*?[") or path.endswith(DATA_FILES)
+                or path.startswith(("/", "./", "../", "~")))
+
+def jsonl_rows(path):
+    try:  # utf-8-sig: a byte-order mark is no part of the first line; lines end at \n only (U+2028 is legal in JSON)
+        lines = Path(path).read_text(encoding="utf-8-sig").split("\n")
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"{path}: cannot read: {e}")
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            yield f"{path}:{number}", json.loads(line)
+        except json.JSONDecodeError as e:
+            raise InputError(f"{path}:{number}: not valid JSON ({e.msg} at column {e.colno})")
+        except RecursionError:
+            raise InputError(f"{path}:{number}: nested too deeply to be a task")
+        except ValueError as e:  # an integer of more than 4,300 digits
+            raise InputError(f"{path}:{number}: {str(e).split(';')[0]}")
+
+def dataset_rows(path, config=None, split="train", kind=None, hub=False):
+    """Rows as the datasets library reads them. Files and folders are streamed (read once, in place: no Arrow copy,
+    nothing written in your home), a saved dataset is memory-mapped where it lies, a hub id goes through the Hugging
+    Face cache (downloaded once; HF_DATASETS_OFFLINE=1 then reads it offline). A CSV's columns are read as text."""
+    import datasets  # here, not at the top: nothing is imported or downloaded before data is read
+
+    where = f"{path} (config {config}, split {split})" if hub else path
+    with tempfile.TemporaryDirectory(prefix="tiny-grpo-data-") as cache:
+        try:
+            if kind:
+                features = None
+                if kind == "csv":  # text, as written: '007' and '1/2' stay answers, not the numbers 7 and 0.5
+                    with open(path, newline="", encoding="utf-8-sig") as f:
+                        features = datasets.Features({name: datasets.Value("string") for name in next(csv.reader(f), [])})
+                data = datasets.load_dataset(kind, data_files=path, split="train", streaming=True, cache_dir=cache,
+                                             features=features)
+            elif hub:
+                logging.getLogger("huggingface_hub").setLevel(logging.ERROR)  # a failure in one line, not five retries
+                data = datasets.load_dataset(path, config, split=split)
+            elif any((Path(path) / name).is_file() for name in ("state.json", "dataset_dict.json")):  # save_to_disk
+                data = datasets.load_from_disk(path)
+                if isinstance(data, datasets.DatasetDict):
+                    if split not in data:
+                        raise InputError(f"{path}: no split {split!r} (it has {', '.join(data)}): choose one with "
+                                         "--data-split / --eval-split")
+                    data = data[split]
+            else:
+                data = datasets.load_dataset(path, config, split=split, streaming=True, cache_dir=cache)
+            for number, row in enumerate(data, start=1):
+                yield f"{where}: row {number}", row
+        except ConnectionError:
+            raise InputError(f"{where}: cannot reach the Hugging Face hub (no network, or HF_HUB_OFFLINE=1) and it is no "
+                             "local file or folder: where there is network, save it with datasets.load_dataset("
+                             f"{path!r}, {config!r}, split={split!r}).to_parquet(FILE), then give that FILE here")
+        except InputError:
+            raise
+        except Exception as e:  # datasets' own errors (a broken parquet, a missing config or split): one line
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise InputError(f"{where}: datasets cannot read it: {reason}")
 
 def check_context(model, tokenizer, args, train_tasks, eval_tasks):
     """Refuse questions whose prompt, with the completion budget, does not fit the model's context: they would fail
@@ -1350,8 +1442,8 @@ def pad_left(rows, value):
 HELD_LOCKS = {}  # run folder -> a descriptor of it; flock holds it while this process lives, however it ends
 # What a resume cannot change: what the weights are, and the data whose position the checkpoint holds. Everything
 # else may change; --lr and --warmup-steps apply from the next update (the optimizer's state carries on).
-RESUME_MUST_MATCH = ("model_name", "quantization", "lora", "lora_r", "lora_alpha",
-                     "task", "data_path", "filter", "prompt_key", "answer_key", "max_prompts", "seed")
+RESUME_MUST_MATCH = ("model_name", "quantization", "lora", "lora_r", "lora_alpha", "task", "data_path", "data_config",
+                     "data_split", "filter", "prompt_key", "answer_key", "max_prompts", "seed")
 
 def claim_run(args):
     """(the checkpoint --resume names, or None; the run folder). Before a minute goes into loading the model: the

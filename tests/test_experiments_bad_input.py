@@ -36,7 +36,7 @@ def test_empty_after_filters(task_experiment, tmp_path, capsys):
 
 def test_filter_on_a_field_the_data_lacks(task_experiment, tmp_path, capsys):
     path = write_jsonl(tmp_path / "tasks.jsonl", [{"question": "1+1", "answer": "2"}])
-    assert "--filter level=...: the line has no field 'level'" in fails_with(task_experiment, data_args(path) + ["--filter", "level=1"], capsys)
+    assert "--filter level=...: the row has no field 'level'" in fails_with(task_experiment, data_args(path) + ["--filter", "level=1"], capsys)
 
 
 def test_missing_data_file(task_experiment, tmp_path, capsys):

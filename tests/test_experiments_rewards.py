@@ -106,7 +106,7 @@ def test_chat_template_shows_the_worked_example_as_an_earlier_exchange(task_expe
     assert prompt.count(task_experiment.system_prompt()) == 1
 
 
-@pytest.mark.parametrize("task", ["math", "gsm8k", "knights_knaves", "count_words", "sequence"])
+@pytest.mark.parametrize("task", ["math", "gsm8k", "math_latex", "knights_knaves", "count_words", "sequence"])
 def test_every_worked_example_earns_the_full_reward(task_experiment, task):
     """The example a task shows is itself right and in the format: a wrong example would teach a wrong answer."""
     example = task_experiment.TASKS[task]
@@ -310,19 +310,28 @@ def test_reward_service_bad_request_is_not_retried(task_experiment, reward_serve
 
 # ---- each task end to end ----
 
-GSM8K_ROWS = [
-    {"question": "Tom has 3 boxes of 4 apples. How many apples?", "answer": "12", "solution": "3 * 4 = 12"},
-    {"question": "A shirt costs $1,200 and a hat $300. Total?", "answer": "1500", "solution": "1200 + 300 = 1500"},
-]
+# Every task through experiment_base; each other copy that shares its tasks runs one of them end to end (their task
+# code is the base's, and every copy's correctness, format and loader are tested in-process for every task above
+# and in test_data_loading.py). Four copies x every task took about 3 minutes of the suite.
+TASK_RUNS = [("experiment_base", task) for task in ["math", "gsm8k", "math_latex", "knights_knaves", "count_words", "sequence"]]
+TASK_RUNS += [("experiment_accelerate", "gsm8k"), ("experiment_accelerate_ddp", "math_latex"), ("experiment_drgrpo", "knights_knaves")]
 
 
-@pytest.mark.parametrize("task", ["math", "gsm8k", "knights_knaves", "count_words", "sequence"])
-def test_each_task_runs_two_steps(task_experiment, tiny_model_dir, tmp_path, task):
+def test_the_task_runs_cover_every_task_and_every_copy():
+    from conftest import TASK_EXPERIMENTS, load_experiment
+
+    assert {name for name, _ in TASK_RUNS} == set(TASK_EXPERIMENTS)
+    assert {task for name, task in TASK_RUNS if name == "experiment_base"} == set(load_experiment("experiment_base").TASKS)
+
+
+@pytest.mark.parametrize("name, task", TASK_RUNS)
+def test_each_task_runs_two_steps(tiny_model_dir, tmp_path, name, task):
     data = []
-    if task == "gsm8k":  # the real files need the hub: a small file in GSM8K's prepared format
-        path = write_jsonl(tmp_path / "gsm8k.jsonl", GSM8K_ROWS)
-        data = ["--data-path", path, "--eval-data-path", path]
-    script = ROOT / task_experiment.EXPERIMENT / "train.py"
+    if task == "gsm8k":  # the hub is out of reach here: a local copy laid out as openai/gsm8k is, its answers after ####
+        from test_data_loading import write_gsm8k_copy
+
+        data = ["--data-path", write_gsm8k_copy(tmp_path / "gsm8k")]
+    script = ROOT / name / "train.py"
     result = run_script(script, "--task", task, *data, "--model-name", tiny_model_dir, "--device", "cpu",
                         "--quantization", "none", "--dtype", "float32", "--max-steps", "2", "--group-size", "2",
                         "--rollouts-per-step", "2", "--max-length", "8", "--eval-interval", "2", "--eval-prompts", "2",
