@@ -4,6 +4,7 @@ end to end. The shared contract (tests/test_experiments_grpo_math.py and the res
 import math
 import re
 import statistics
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -506,21 +507,28 @@ def test_each_algorithm_raises_reward(drgrpo, tiny_model_dir, tmp_path, monkeypa
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
-def test_two_steps_end_to_end(algorithm, tiny_model_dir, tmp_path):
-    """A fresh process, as a user runs it: two steps of two epochs each (so that the ratio leaves 1), with a reward
-    that differs from completion to completion (the untrained model earns none of the built-in terms)."""
+def test_two_steps_end_to_end(drgrpo, algorithm, tiny_model_dir, tmp_path, monkeypatch):
+    """Two steps of two epochs each (so that the ratio leaves 1), with a reward that differs from completion to
+    completion (the untrained model earns none of the built-in terms). grpo runs in a fresh process, as a user runs
+    it; the others through the same main() in this one, for the suite's time (a fresh process costs about 5 s)."""
     data = write_jsonl(tmp_path / "tasks.jsonl", [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(20)])
-    (tmp_path / "varied_reward.py").write_text("def reward(completion, answer, metadata):\n"
-                                              "    return sum(map(ord, completion)) % 7 / 7\n")
-    result = run_script(ROOT / NAME / "train.py", "--algorithm", algorithm, "--model-name", tiny_model_dir, "--device",
-                        "cpu", "--quantization", "none", "--dtype", "float32", "--data-path", data, "--max-steps", "2",
-                        "--group-size", "2", "--rollouts-per-step", "2", "--max-length", "6", "--eval-interval", "0",
-                        "--epochs-per-step", "2", "--kl-weight", "0.05", "--reward-fn", "varied_reward:reward",
-                        # DAPO's dynamic sampling keeps groups whose correctness differs: this reward earns none
-                        *(["--no-dynamic-sampling"] if algorithm == "dapo" else []),
-                        "--log-dir", tmp_path / "runs", "--checkpoint-path", tmp_path / "out", "--run-name", "e2e",
-                        cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
+    reward = f"varied_reward_{algorithm}"  # a module name of its own: an in-process import is cached by name
+    (tmp_path / f"{reward}.py").write_text("def reward(completion, answer, metadata):\n"
+                                           "    return sum(map(ord, completion)) % 7 / 7\n")
+    argv = ["--algorithm", algorithm, "--model-name", tiny_model_dir, "--device", "cpu", "--quantization", "none",
+            "--dtype", "float32", "--data-path", data, "--max-steps", "2", "--group-size", "2", "--rollouts-per-step", "2",
+            "--max-length", "6", "--eval-interval", "0", "--epochs-per-step", "2", "--kl-weight", "0.05",
+            "--reward-fn", f"{reward}:reward",
+            # DAPO's dynamic sampling keeps groups whose correctness differs: this reward earns none
+            *(["--no-dynamic-sampling"] if algorithm == "dapo" else []),
+            "--log-dir", tmp_path / "runs", "--checkpoint-path", tmp_path / "out", "--run-name", "e2e"]
+    if algorithm == "grpo":
+        result = run_script(ROOT / NAME / "train.py", *argv, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+    else:
+        monkeypatch.chdir(tmp_path)  # --reward-fn finds a module next to where the run starts
+        monkeypatch.setattr(sys, "path", list(sys.path))  # which the run adds to sys.path: undone after the test
+        drgrpo.main([str(a) for a in argv])
     scalars = tensorboard_scalars(tmp_path / "runs")
     for tag in ("train/clip_fraction_low", "train/clip_fraction_high", "train/clip_fraction", "train/entropy",
                 "train/kl", "rollout/zero_spread_groups", "rollout/groups_dropped", "rollout/extra_rounds",

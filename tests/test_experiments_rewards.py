@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, run_script, tensorboard_scalars, write_jsonl
+from conftest import ROOT, load_experiment, tensorboard_scalars, write_jsonl
 
 THINK = "<think>I add the two numbers carefully.</think>"
 
@@ -311,33 +311,35 @@ def test_reward_service_bad_request_is_not_retried(task_experiment, reward_serve
 # ---- each task end to end ----
 
 # Every task through experiment_base; each other copy that shares its tasks runs one of them end to end (their task
-# code is the base's, and every copy's correctness, format and loader are tested in-process for every task above
-# and in test_data_loading.py). Four copies x every task took about 3 minutes of the suite.
+# code is the base's, and every copy's correctness, format and loader are tested for every task above and in
+# test_data_loading.py). Through main() in this process: a fresh one costs about 5 s, and each copy's fresh-process
+# runs are tested elsewhere (test_experiments_end_to_end.py). Four copies x every task in fresh processes took about
+# 3 minutes of the suite.
 TASK_RUNS = [("experiment_base", task) for task in ["math", "gsm8k", "math_latex", "knights_knaves", "count_words", "sequence"]]
 TASK_RUNS += [("experiment_accelerate", "gsm8k"), ("experiment_accelerate_ddp", "math_latex"), ("experiment_drgrpo", "knights_knaves")]
 
 
 def test_the_task_runs_cover_every_task_and_every_copy():
-    from conftest import TASK_EXPERIMENTS, load_experiment
+    from conftest import TASK_EXPERIMENTS
 
     assert {name for name, _ in TASK_RUNS} == set(TASK_EXPERIMENTS)
     assert {task for name, task in TASK_RUNS if name == "experiment_base"} == set(load_experiment("experiment_base").TASKS)
 
 
 @pytest.mark.parametrize("name, task", TASK_RUNS)
-def test_each_task_runs_two_steps(tiny_model_dir, tmp_path, name, task):
+def test_each_task_runs_two_steps(tiny_model_dir, tmp_path, monkeypatch, name, task):
     data = []
     if task == "gsm8k":  # the hub is out of reach here: a local copy laid out as openai/gsm8k is, its answers after ####
         from test_data_loading import write_gsm8k_copy
 
         data = ["--data-path", write_gsm8k_copy(tmp_path / "gsm8k")]
-    script = ROOT / name / "train.py"
-    result = run_script(script, "--task", task, *data, "--model-name", tiny_model_dir, "--device", "cpu",
-                        "--quantization", "none", "--dtype", "float32", "--max-steps", "2", "--group-size", "2",
-                        "--rollouts-per-step", "2", "--max-length", "8", "--eval-interval", "2", "--eval-prompts", "2",
-                        "--reasoning-format", "reasoning", "--reward-weights", "correctness=2,format=1,reasoning=0.5",
-                        "--log-dir", tmp_path / "runs", "--checkpoint-path", tmp_path / "out", "--run-name", "task")
-    assert result.returncode == 0, result.stderr[-3000:]
+    monkeypatch.chdir(ROOT)  # the task files are named from the repository root
+    load_experiment(name).main([str(a) for a in [
+        "--task", task, *data, "--model-name", tiny_model_dir, "--device", "cpu", "--quantization", "none", "--dtype",
+        "float32", "--max-steps", "2", "--group-size", "2", "--rollouts-per-step", "2", "--max-length", "8",
+        "--eval-interval", "2", "--eval-prompts", "2", "--reasoning-format", "reasoning", "--reward-weights",
+        "correctness=2,format=1,reasoning=0.5", "--log-dir", tmp_path / "runs", "--checkpoint-path", tmp_path / "out",
+        "--run-name", "task"]])
     scalars = tensorboard_scalars(tmp_path / "runs")
     for term in ("correctness", "format", "reasoning"):
         assert len(scalars[f"rollout/reward_{term}"]) == 2
