@@ -17,6 +17,8 @@ Configurations (each differs from `default` in one thing):
   keep_ended       rows that have ended stay in the decode batch to the last step (same tokens, as before 2026-11-24)
   hf_prefill       the prefill through model(..., logits_to_keep=1), as transformers' generate does
   full_logits      log-probs from one [batch, tokens, vocab] float32 log-softmax over the completion
+  entropy_twice    the entropy computed again when the backward pass recomputes each chunk, and logits / T at T = 1
+                   (as before 2026-11-24)
   no_checkpointing activations kept instead of recomputed
   kl               beta = 0.01: one more forward pass, through the reference policy
 """
@@ -29,7 +31,8 @@ import sys
 from common import (check_steps, load_experiment, machine, project_steps, resolved_dtype, run_alone, workload,
                     workload_parser, write_json)
 
-CONFIGS = ["default", "fp32", "multinomial", "keep_ended", "hf_prefill", "full_logits", "no_checkpointing", "kl"]
+CONFIGS = ["default", "fp32", "multinomial", "keep_ended", "hf_prefill", "full_logits", "entropy_twice", "no_checkpointing",
+           "kl"]
 
 
 def parse_args(argv=None):
@@ -67,6 +70,16 @@ def switch_off(base, config):
             mask = attention_mask[:, -num_actions:].bool()
             return taken.masked_fill(~mask, 0), entropy.masked_fill(~mask, 0)
         base.sequence_log_probs = sequence_log_probs
+    if config == "entropy_twice":
+        def token_log_probs(model, hidden, actions, temperature=1.0, entropy=None):
+            logits = base.body_and_head(model)[1](hidden) / temperature
+            log_z = logits.logsumexp(dim=-1)
+            with torch.no_grad():  # on every pass, the recomputation's included
+                chunk_entropy = log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+            if entropy is not None and not entropy:
+                entropy.append(chunk_entropy)
+            return logits.gather(-1, actions.unsqueeze(-1)).squeeze(-1) - log_z
+        base.token_log_probs = token_log_probs
 
 
 def run_config(args, config):

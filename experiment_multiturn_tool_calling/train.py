@@ -448,15 +448,19 @@ def masked_mean(x, mask, dim=None):
 
 LOGITS_CHUNK_ELEMENTS = 2**24  # at most this many float32 logits exist at once in sequence_log_probs (64 MiB)
 
-def token_log_probs(model, hidden, actions, temperature=1.0):
-    """log pi(a | h) = z_a - logsumexp(z) with z = W h / T, and the entropy of pi(. | h), for a chunk of rows.
-    T is the sampling temperature: pi is softmax(W h / T), the distribution the sampler drew from."""
-    logits = body_and_head(model)[1](hidden) / temperature
+def token_log_probs(model, hidden, actions, temperature=1.0, entropy=None):
+    """log pi(a | h) = z_a - logsumexp(z) with z = W h / T, for a chunk of rows. T is the sampling temperature: pi
+    is softmax(W h / T), the distribution the sampler drew from. The entropy of pi(. | h), logged only, is appended
+    to the list `entropy` when it is empty: on the forward pass, not again when the backward pass recomputes the
+    chunk (README, "Training against the machine's peak")."""
+    logits = body_and_head(model)[1](hidden)
+    if temperature != 1:  # at T = 1 the division would only copy [rows, vocab]
+        logits = logits / temperature
     log_z = logits.logsumexp(dim=-1)
-    log_probs = logits.gather(-1, actions.unsqueeze(-1)).squeeze(-1) - log_z
-    with torch.no_grad():  # H = logsumexp(z) - sum_a p(a) z_a, logged only
-        entropy = log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1)
-    return log_probs, entropy
+    if entropy is not None and not entropy:
+        with torch.no_grad():  # H = logsumexp(z) - sum_a p(a) z_a
+            entropy.append(log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1))
+    return logits.gather(-1, actions.unsqueeze(-1)).squeeze(-1) - log_z
 
 def sequence_log_probs(model, input_ids, attention_mask, num_actions=None, temperature=1.0, action_mask=None):
     """Per-token log-probs [B, T] of the last T = num_actions tokens (the episode), and the policy's entropy at
@@ -476,12 +480,13 @@ def sequence_log_probs(model, input_ids, attention_mask, num_actions=None, tempe
     chunk = max(1, LOGITS_CHUNK_ELEMENTS // model.config.vocab_size)  # rows per chunk
     log_probs, entropy = [], []
     for h, a in zip(hidden.split(chunk), actions.split(chunk)):
+        ent = []  # the chunk's entropy, from its first pass only
         if torch.is_grad_enabled():
-            lp, ent = checkpoint(token_log_probs, model, h, a, temperature, use_reentrant=False)
+            lp = checkpoint(token_log_probs, model, h, a, temperature, ent, use_reentrant=False)
         else:
-            lp, ent = token_log_probs(model, h, a, temperature)
+            lp = token_log_probs(model, h, a, temperature, ent)
         log_probs.append(lp)
-        entropy.append(ent)
+        entropy += ent
     zeros = torch.zeros(action_mask.shape, device=hidden.device)
     return zeros.masked_scatter(action_mask, torch.cat(log_probs)), zeros.masked_scatter(action_mask, torch.cat(entropy))
 def approx_kl(log_probs, ref_log_probs, mask):

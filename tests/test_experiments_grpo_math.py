@@ -75,6 +75,39 @@ def naive_log_probs(model, ids, mask, num_actions):
     return log_probs[:, -num_actions:] * mask[:, -num_actions:]
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_entropy_comes_from_each_chunks_first_pass_and_is_exact(tiny, monkeypatch, temperature):
+    """The entropy (logged only) is computed on each chunk's forward pass; when the backward pass recomputes the
+    chunk, it finds the chunk's list filled and skips the softmax over the vocabulary. It equals -sum p log p of the
+    full softmax(logits / T), and at T = 1 no division copies the logits."""
+    experiment, model, tokenizer = tiny
+    monkeypatch.setattr(experiment, "LOGITS_CHUNK_ELEMENTS", 50)  # many chunks
+    seen, original = [], experiment.token_log_probs
+
+    def spy(model, hidden, actions, temperature=1.0, entropy=None):
+        seen.append(len(entropy))
+        return original(model, hidden, actions, temperature, entropy)
+
+    monkeypatch.setattr(experiment, "token_log_probs", spy)
+    model.train()
+    prompts = tokenizer(["What is 1+1?", "Hi"], return_tensors="pt", padding=True)
+    completion = tokenizer(["<answer>2</answer>", "no</s>"], return_tensors="pt", padding=True, padding_side="right")
+    ids = torch.cat([prompts.input_ids, completion.input_ids], 1)
+    mask = torch.cat([prompts.attention_mask, completion.attention_mask], 1)
+    num_actions = completion.input_ids.shape[1]
+    log_probs, entropy = experiment.sequence_log_probs(model, ids, mask, num_actions, temperature)
+    chunks = len(seen)
+    assert chunks > 1
+    log_probs.sum().backward()
+    assert seen == [0] * chunks + [1] * chunks  # forward passes with empty lists, then recomputations that skip it
+    with torch.no_grad():
+        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids).logits.float()[:, -num_actions - 1 : -1]
+        log_p = torch.log_softmax(logits / temperature, -1)
+        expected = -(log_p.exp() * log_p).sum(-1) * completion.attention_mask
+    assert torch.allclose(entropy, expected, atol=1e-5)
+
+
 @pytest.mark.parametrize("chunk_elements", [2**24, 50])  # one chunk, and many
 def test_log_probs_equal_naive_log_softmax(tiny, monkeypatch, chunk_elements):
     experiment, model, tokenizer = tiny
