@@ -412,3 +412,40 @@ def test_several_updates_per_step_move_the_ratio(single):
                                                           "--kl-weight", "0", "--clip-eps", "0.01")
     stats = module.train_step(model, batch, args, optimizer, scheduler)
     assert scheduler.last_epoch == 4 and stats["clip_fraction"] > 0
+
+
+SKIP_ZERO_ADVANTAGES = ["experiment_base"]  # the copies whose train_step leaves zero advantages out (not DDP's)
+
+
+@pytest.mark.parametrize("module_name", SKIP_ZERO_ADVANTAGES)
+@pytest.mark.parametrize("advantages, rows_run", [([1.0, -1.0, 0.0, 0.0], 2), ([0.0] * 4, 0)])
+@pytest.mark.parametrize("options", [(), ("--updates-per-step", "2")])  # (dropout draws its masks by rows run)
+def test_zero_advantages_are_left_out_and_the_update_is_the_same(module_name, tiny_model_dir, monkeypatch, advantages,
+                                                                  rows_run, options):
+    """With beta = 0 a sequence whose advantage is 0 adds exactly 0 to the loss and to its gradient, so no pass runs
+    it: the weights after the step are those of the same step whose advantages are 1e-30 instead of 0 (every row
+    run, the same code), and a step with no row to run still makes its updates (Adam's step count, weight decay)."""
+    module = load_experiment(module_name)
+    ran, real = [], module.sequence_log_probs
+
+    def spy(model, input_ids, *rest, **kwargs):
+        ran.append(len(input_ids))
+        return real(model, input_ids, *rest, **kwargs)
+
+    monkeypatch.setattr(module, "sequence_log_probs", spy)
+    weights = []
+    for zero in (0.0, 1e-30):
+        args, model, batch, _, scheduler = step_setup(module, tiny_model_dir, "--kl-weight", "0", "--max-grad-norm", "1e9",
+                                                      *options)  # no clipping, which would hide a wrong mean
+        # eps 1: an update linear in small gradients, so that rounding in a batch of 4 rows or 2 cannot flip a sign
+        optimizer = scheduler.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], 1e-2, eps=1.0)
+        ran.clear()
+        chosen = torch.tensor([a if a else zero for a in advantages])
+        stats = module.train_step(model, (*batch[:3], chosen), args, optimizer, scheduler)
+        weights.append([p.detach().clone() for p in model.parameters() if p.requires_grad])
+        passes = 1 + (len(options) > 0)  # with two updates pi_old has its own pass, then the training pass
+        assert sum(ran) == (rows_run if zero == 0 else 4) * passes
+        assert scheduler.last_epoch == args.updates_per_step
+        assert all(state["step"] == args.updates_per_step for state in optimizer.state.values())
+        assert ("entropy" in stats) == (sum(ran) > 0) and stats["loss"] == pytest.approx(stats["loss"])
+    assert all(torch.allclose(a, b, atol=1e-7, rtol=0) for a, b in zip(*weights))  # float32 rounding apart
