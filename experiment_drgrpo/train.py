@@ -658,6 +658,11 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
             for idx in micro_batches:
                 ref_log_probs[idx] = sequence_log_probs(ref_model, ids[idx], attention[idx], num_actions, args.temperature)[0]
 
+    # With beta = 0 a sequence whose advantage is 0 (a group of equal rewards) adds exactly 0 to the loss and to its
+    # gradient: no pass below runs it, and each mean still divides by all the sequences, or all their tokens
+    # (README: zero advantages). REINFORCE++'s advantages are whitened over the batch: none is 0.
+    needed = (advantages != 0).cpu() if ref_log_probs is None and not reinforce else torch.ones(n, dtype=torch.bool)
+
     # pi_old, the policy that sampled. With one update and no dropout it is pi_theta before the update, recorded
     # from the first forward pass below at no cost. Otherwise a later mini-batch would see weights already
     # updated, and LoRA dropout a mask the sampler never used: then one no-grad pass in eval mode first (as for
@@ -667,7 +672,7 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
     if not old_from_first_pass:
         model.eval()
         with torch.no_grad():
-            for idx in micro_batches:
+            for idx in filter(len, torch.arange(n)[needed].split(args.train_batch_size)):  # an empty split is one empty part
                 old_log_probs[idx] = sequence_log_probs(model, ids[idx], attention[idx], num_actions, args.temperature)[0]
         model.train()
     if reinforce:
@@ -676,18 +681,18 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
     kl_weight = 0.0 if reinforce else args.kl_weight  # REINFORCE++: the KL is in the reward
     token_level = args.algorithm in TOKEN_LEVEL
 
-    logged = ["loss", "clip_fraction", "clip_fraction_low", "clip_fraction_high", "entropy"] + (
+    logged = ["loss", "clip_fraction", "clip_fraction_low", "clip_fraction_high"] + (
         ["kl"] if ref_log_probs is not None else [])  # clip_fraction also by the side of the clip
     totals = dict.fromkeys(logged + ["grad_norm", "lr"], 0.0)
+    entropy_sum, ran = 0.0, 0  # the entropy is logged over the sequences that ran
     params, updates_done = [p for p in model.parameters() if p.requires_grad], 0
     for epoch in range(args.epochs_per_step):
         shuffled = torch.tensor(random.Random(f"{args.seed} {step} {epoch}").sample(range(n), n))  # PPO's mini-batches
-        mini_batches = [rows.split(args.train_batch_size) for rows in shuffled.tensor_split(args.updates_per_step) if len(rows)]
-        for mini_batch in mini_batches:
-            size = sum(map(len, mini_batch))  # sequences in this mini-batch
-            tokens = sum(action_mask[idx].sum().item() for idx in mini_batch)  # and action tokens
+        mini_batches = [rows for rows in shuffled.tensor_split(args.updates_per_step) if len(rows)]
+        for rows in mini_batches:
+            size, tokens = len(rows), action_mask[rows].sum().item()  # sequences in this mini-batch, and action tokens
             optimizer.zero_grad(set_to_none=True)
-            for idx in mini_batch:
+            for idx in filter(len, rows[needed[rows]].split(args.train_batch_size)):
                 log_probs, entropy = sequence_log_probs(model, ids[idx], attention[idx], num_actions, args.temperature)
                 if epoch == 0 and old_from_first_pass:
                     old_log_probs[idx] = log_probs.detach()
@@ -699,9 +704,13 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
                 part = action_mask[idx].sum().item() / tokens if token_level else len(idx) / size
                 (loss * part).backward()  # the mean over the mini-batch, accumulated
                 share = part / (args.epochs_per_step * len(mini_batches))  # of the step's logged means
-                stats.update(loss=loss.item(), entropy=masked_mean(entropy, action_mask[idx]).item())
+                stats.update(loss=loss.item())
                 for name in logged:
                     totals[name] += stats[name] * share
+                entropy_sum, ran = entropy_sum + masked_mean(entropy, action_mask[idx]).item() * len(idx), ran + len(idx)
+            for p in params:  # zeros where no sequence ran: the update still steps, as it would on zero gradients
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
             grad_norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
             if not torch.isfinite(grad_norm):  # inf or nan: stop before an update is made with it
                 raise DivergedError(grad_norm.item(), loss.item(), updates_done)
@@ -710,6 +719,8 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
             optimizer.step()
             scheduler.step()  # the schedule counts optimizer updates
             updates_done += 1
+    if ran:
+        totals["entropy"] = entropy_sum / ran
     return totals
 
 @torch.no_grad()
