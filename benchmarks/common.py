@@ -140,10 +140,13 @@ def project_steps(base, options, tasks, args, profile=None):
         if cuda:
             peaks.update(gpu_peaks(torch, "training"))
         prompt_width = result.sequence_ids.shape[1] - result.action_mask.shape[1]
-        flops = training_flops(model.config, options.lora_r, result.attention_mask[:, :prompt_width].sum(1).tolist(),
-                               result.action_mask.sum(1).tolist(), options.gradient_checkpointing, options.kl_weight > 0)
+        # the passes train_step ran: with beta = 0 none over a completion whose advantage is 0 (README: zero advantages)
+        ran = (advantages != 0).cpu() if options.kl_weight == 0 else torch.ones(len(advantages), dtype=torch.bool)
+        flops = training_flops(model.config, options.lora_r, result.attention_mask[ran, :prompt_width].sum(1).tolist(),
+                               result.action_mask[ran].sum(1).tolist(), options.gradient_checkpointing, options.kl_weight > 0)
         steps.append({"seconds": time.perf_counter() - started, "sampling_seconds": sampled - started,
-                      "tokens": int(result.action_mask.sum()), "training_flops": flops, **peaks})
+                      "tokens": int(result.action_mask.sum()), "training_flops": flops, "trained": int(ran.sum()),
+                      "completions": len(ran), **peaks})
     return steps
 
 

@@ -18,8 +18,9 @@ TRL has no equivalent by default.
 Reported per side: seconds per step (median over the steps after the first, which is a warm-up),
 where that time goes (sampling vs the rest), sampled tokens per second, peak memory (RSS; and GPU
 peak when CUDA is present), and the training phase's FLOP/s: the matrix-multiply FLOPs the step's
-sequences need (common.training_flops says how they are counted; the same count on both sides)
-over the seconds that are not sampling, and its share of this machine's matmul peak in the same
+sequences need (common.training_flops says how they are counted; the same count on both sides, of the
+sequences each side ran: with beta = 0 the project runs no pass over a completion whose advantage is 0,
+TRL runs them all) over the seconds that are not sampling, and its share of this machine's matmul peak in the same
 dtype, measured here after both sides (common.matmul_peak). Then the ratios project / TRL.
 --profile adds the PyTorch profiler's table of the training phase of one more project step, run after the
 measured ones, operator by operator.

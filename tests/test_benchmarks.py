@@ -43,6 +43,8 @@ def test_step_time_benchmark_runs(tiny_model_dir, tmp_path):
         assert table[side]["training_flops_per_second"] == pytest.approx(flops)
         assert table[side]["share_of_peak"] == pytest.approx(flops / peak)
     assert table["ratios"]["step_seconds"] == table["project"]["step_seconds"] / table["trl"]["step_seconds"]
+    for step in table["project"]["steps"]:  # beta 0: the FLOPs of the completions that ran, none where none ran
+        assert 0 <= step["trained"] <= step["completions"] == 16 and (step["training_flops"] == 0) == (step["trained"] == 0)
     assert "aten::" in table["project"]["profile"] and "Self CPU" in stdout  # the profiler's table, by operator
 
 
