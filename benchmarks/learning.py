@@ -1,19 +1,21 @@
 """Does it learn? Train the packaged Gemma-3-270M with experiment_base on CPU and measure held-out accuracy.
 
-Runs experiment_base/train.py with its CPU defaults on --task (by default sequence, experiment_base's CPU
-default: "What number comes next: 15, 20, 25, 30, ...?"; math keeps the rows with two terms of two digits
+Runs experiment_base/train.py (or --experiment experiment_drgrpo, with its --algorithm or --preset after --)
+with its CPU defaults and the demo's recipe (`recipe` below) on --task (by default sequence, experiment_base's
+CPU default: "What number comes next: 15, 20, 25, 30, ...?"; math keeps the rows with two terms of two digits
 and + or -) once per seed, evaluates greedy accuracy and format rate on held-out problems before training and
 every --eval-interval steps, then samples one completion for each of --samples held-out problems with each
 trained adapter, prints a table per seed and the gain's min / median / max over the seeds, and writes
 OUT/learning.json, and the curves as a figure (benchmarks/figures/learning.png, beside the other figures):
 
     {"runs": [{"seed", "before": {"accuracy", "format_rate"}, "after", "gain", "minutes", "curves", "samples",
-               "reasoning"}, ...], "summary": {"gain": {"min", "median", "max"}, ...}, "task", "steps", "machine"}
+               "reasoning"}, ...], "summary": {"gain": {"min", "median", "max"}, ...}, "experiment", "task", "steps", "machine"}
 
-    python benchmarks/learning.py                          # one seed: about half an hour on a 2-core CPU with bf16
+    python benchmarks/learning.py                          # one seed, 20 steps: about 40 minutes on a 2-core CPU (float32)
     python benchmarks/learning.py --seeds 3                # seeds 42, 43, 44, and the gain over them
     python benchmarks/learning.py --task count_words       # learns a constant: see the README
     python benchmarks/learning.py -- --lr 5e-5 --dtype float32   # anything after -- goes to train.py
+    python benchmarks/learning.py --experiment experiment_drgrpo -- --algorithm dapo
 
 Accuracy is the figure that counts, and the sampled completions say whether it is real: format
 compliance alone can be won without learning anything, and so can accuracy, by a constant answer (the
@@ -35,17 +37,29 @@ from common import ROOT, load_experiment, machine, resolved_dtype, scalars
 
 TASKS = list(load_experiment().TASKS)  # experiment_base's --task choices
 RESULTS, FIGURE = ROOT / "benchmarks" / "results", ROOT / "benchmarks" / "figures" / "learning.png"
-# What the demo gives train.py before your options after -- (yours win: the last of an option counts). On
-# sequence: 8 completions a group, no KL term, and the reward correctness alone. With the format terms the
-# packaged model wins format in a few steps and most groups of 4 then hold equal rewards, so no gradient (the
-# README's "Looking for a recipe that learns" has the runs).
-RECIPE = {"math": ["--filter", "num_terms=2", "--filter", "num_digits=2", "--filter", "ops=+,-"],
-          "sequence": ["--group-size", "8", "--kl-weight", "0", "--reward-weights", "correctness=1,format=0,reasoning=0"]}
+EXPERIMENTS = ["experiment_base", "experiment_drgrpo"]  # the two whose train.py trains on --task
+
+
+def recipe(task, experiment):
+    """The options the demo gives train.py before yours after -- (yours win: the last of an option counts).
+
+    math: the two-term two-digit +/- rows. sequence: 8 completions a group, the reward correctness alone, and
+    in experiment_base no KL term (experiment_drgrpo's algorithms choose their own beta). With the format terms
+    the packaged model wins format in a few steps and most groups then hold equal rewards, which give no
+    gradient; the README's "Looking for a recipe that learns" has the runs."""
+    if task == "math":
+        return ["--filter", "num_terms=2", "--filter", "num_digits=2", "--filter", "ops=+,-"]
+    if task == "sequence":
+        no_kl = ["--kl-weight", "0"] if experiment == "experiment_base" else []
+        return ["--group-size", "8", *no_kl, "--reward-weights", "correctness=1,format=0,reasoning=0"]
+    return []
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-name", default="packaged:gemma-3-270m", help="model (default: %(default)s)")
+    p.add_argument("--experiment", choices=EXPERIMENTS, default="experiment_base", help="whose train.py to run; "
+                   "experiment_drgrpo takes --algorithm or --preset after -- (default: %(default)s)")
     p.add_argument("--task", choices=TASKS, default="sequence", help="experiment_base's --task (its CPU default is sequence); math keeps its two-term two-digit +/- rows "
                    "(a --filter of yours after -- replaces one on the same field) (default: %(default)s)")
     p.add_argument("--steps", type=int, default=20, help="training steps (default: %(default)s)")
@@ -59,7 +73,7 @@ def parse_args(argv=None):
     p.add_argument("--figure", type=Path, help="the curves as PNG (default: benchmarks/figures/learning.png, or "
                    "OUT/learning.png when --out names another folder)")
     p.add_argument("--run-name", default=None, help="run name (default: learning-<time>)")
-    p.add_argument("train_args", nargs="*", help="extra options for experiment_base/train.py, after --")
+    p.add_argument("train_args", nargs="*", help="extra options for train.py, after --")
     args = p.parse_args(argv)
     if min(args.steps, args.eval_prompts, args.eval_interval, args.seeds) < 1 or args.samples < 0:
         p.error("--steps, --eval-prompts, --eval-interval and --seeds must be at least 1, --samples at least 0")
@@ -115,9 +129,9 @@ def sample_at_end(args, checkpoint, train_args, seed):
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
-    base = load_experiment()
+    base = load_experiment(args.experiment)
     options = base.parse_args(["--model-name", args.model_name, "--task", args.task, "--seed", str(seed),
-                               *RECIPE.get(args.task, []), *train_args])
+                               *recipe(args.task, args.experiment), *train_args])
     tasks = base.load_tasks(options.eval_data_path, options.prompt_key, options.answer_key, options.filter, args.samples,
                             options.data_config, options.eval_split, options.task)
     model, tokenizer = base.load_model(options)
@@ -133,17 +147,17 @@ def sample_at_end(args, checkpoint, train_args, seed):
 
 
 def train(args, seed, run_name):
-    """One run of experiment_base/train.py with this seed: its figures, curves and samples."""
+    """One run of --experiment's train.py with this seed: its figures, curves and samples."""
     log_dir, checkpoints = args.out / "runs", args.out / "checkpoints"
-    command = [sys.executable, str(ROOT / "experiment_base" / "train.py"), "--model-name", args.model_name,
+    command = [sys.executable, str(ROOT / args.experiment / "train.py"), "--model-name", args.model_name,
                "--task", args.task, "--max-steps", str(args.steps), "--eval-interval", str(args.eval_interval),
                "--eval-prompts", str(args.eval_prompts), "--seed", str(seed), "--run-name", run_name,
                "--log-dir", str(log_dir), "--checkpoint-path", str(checkpoints), "--checkpoint-interval", "0",
-               "--keep-checkpoints", "1", *RECIPE.get(args.task, []), *args.train_args]
+               "--keep-checkpoints", "1", *recipe(args.task, args.experiment), *args.train_args]
     print(" ".join(command), flush=True)
     started = time.perf_counter()
     if subprocess.run(command).returncode != 0:
-        sys.exit("error: experiment_base/train.py failed (its output is above)")
+        sys.exit(f"error: {args.experiment}/train.py failed (its output is above)")
     minutes = (time.perf_counter() - started) / 60
     curves = scalars(log_dir / run_name)
     first, last = (lambda tag: curves[tag][0][1]), (lambda tag: curves[tag][-1][1])
@@ -171,17 +185,17 @@ def main(argv=None):
     args = parse_args(argv)
     run_name = args.run_name or f"learning-{time.strftime('%Y%m%d-%H%M%S')}"
     args.out.mkdir(parents=True, exist_ok=True)
-    dtype = load_experiment().parse_args(["--model-name", args.model_name, *args.train_args]).dtype  # after --, or auto
+    dtype = load_experiment(args.experiment).parse_args(["--model-name", args.model_name, *args.train_args]).dtype  # after --, or auto
     where = machine(resolved_dtype(dtype))
     seeds = range(args.seed, args.seed + args.seeds)
     runs = [train(args, seed, f"{run_name}-seed{seed}" if args.seeds > 1 else run_name) for seed in seeds]
     summary = {"gain": spread([r["gain"] for r in runs]), "minutes": spread([r["minutes"] for r in runs]),
                "faithful_share": spread([(r["reasoning"] or {}).get("share") for r in runs])}
-    result = {"task": args.task, "steps": args.steps, "model": args.model_name, "eval_prompts": args.eval_prompts,
+    result = {"experiment": args.experiment, "task": args.task, "steps": args.steps, "model": args.model_name, "eval_prompts": args.eval_prompts,
               "machine": where, "summary": summary, "runs": runs}
     png, figures = args.figure or (FIGURE if args.out == RESULTS else args.out / "learning.png"), args.out / "learning.json"
     png.parent.mkdir(parents=True, exist_ok=True)
-    plot(runs, png, f"experiment_base, --task {args.task}, {len(runs)} seed(s), on {where['cpu']} "
+    plot(runs, png, f"{args.experiment}, --task {args.task}, {len(runs)} seed(s), on {where['cpu']} "
                     f"({where['cores']} cores, {where['dtype']})")
     figures.write_text(json.dumps(result, indent=2))
     print(f"\n{args.steps} steps, {args.eval_prompts} held-out problems, greedy; on {where['cpu']}, {where['dtype']}\n")

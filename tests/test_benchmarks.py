@@ -57,16 +57,21 @@ def test_sampling_benchmark_times_the_same_tokens_both_ways(tiny_model_dir, tmp_
 
 
 def test_learning_benchmark_runs(tiny_model_dir, tmp_path):
+    """Two seeds through experiment_drgrpo (experiment_base, the default, differs only in the path and the recipe's
+    beta, tested below), its algorithm given after --."""
     result = run_script(ROOT / "benchmarks" / "learning.py", "--model-name", tiny_model_dir, "--steps", "1",
                         "--eval-prompts", "3", "--eval-interval", "1", "--samples", "2", "--out", tmp_path, "--seeds", "2",
-                        "--run-name", "smoke", "--", "--max-length", "8", "--dtype", "float32", "--group-size", "2",
-                        "--rollouts-per-step", "2")
+                        "--run-name", "smoke", "--experiment", "experiment_drgrpo", "--", "--algorithm", "gspo",
+                        "--max-length", "8", "--dtype", "float32", "--group-size", "2", "--rollouts-per-step", "2")
     assert result.returncode == 0, result.stderr[-3000:]
     figures = json.loads((tmp_path / "learning.json").read_text())
     assert figures["task"] == "sequence" and figures["steps"] == 1  # the default, as experiment_base's on CPU
+    assert figures["experiment"] == "experiment_drgrpo"
     runs = figures["runs"]
     assert [run["seed"] for run in runs] == [42, 43] and all(run["minutes"] > 0 for run in runs)
     for run in runs:  # each seed's own curve, from its own TensorBoard folder
+        assert run["command"][1] == str(ROOT / "experiment_drgrpo" / "train.py") and "--algorithm" in run["command"]
+        assert "train/clip_fraction_high" in run["curves"]  # the drgrpo copy's own metrics
         assert [step for step, _ in run["curves"]["eval/accuracy"]] == [0, 1]
         assert run["before"]["accuracy"] == run["curves"]["eval/accuracy"][0][1]
         assert run["after"]["format_rate"] == run["curves"]["eval/format_rate"][-1][1]
@@ -81,6 +86,25 @@ def test_learning_benchmark_runs(tiny_model_dir, tmp_path):
     assert "| seed | accuracy before |" in result.stdout and "gain over 2 seed(s)" in result.stdout
     assert (tmp_path / "learning.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert_names_machine(result.stdout, figures["machine"], "float32")  # the --dtype given after --
+
+
+def test_the_learning_recipe_comes_before_the_users_options():
+    """The demo's recipe on sequence: 8 completions a group, correctness alone, beta 0 in experiment_base only
+    (experiment_drgrpo's algorithms choose their own); anything after -- wins."""
+    from common import load_module
+
+    learning = load_module(ROOT / "benchmarks" / "learning.py")
+    assert learning.parse_args([]).experiment == "experiment_base" and learning.parse_args([]).steps == 20
+    base, drgrpo = load_experiment(), load_experiment("experiment_drgrpo")
+    options = base.parse_args([*learning.recipe("sequence", "experiment_base"), "--task", "sequence"])
+    assert options.group_size == 8 and options.kl_weight == 0
+    assert base.Scorer("sequence", weights=options.reward_weights).weights == {"correctness": 1, "format": 0, "reasoning": 0}
+    options = base.parse_args([*learning.recipe("sequence", "experiment_base"), "--group-size", "3", "--kl-weight", "0.1"])
+    assert options.group_size == 3 and options.kl_weight == 0.1
+    for algorithm, beta in [("grpo", 0.01), ("reinforce_pp", 0.01), ("dapo", 0.0)]:
+        options = drgrpo.parse_args([*learning.recipe("sequence", "experiment_drgrpo"), "--algorithm", algorithm])
+        assert options.kl_weight == beta and options.group_size == 8
+    assert "--filter" in learning.recipe("math", "experiment_drgrpo") and learning.recipe("count_words", "experiment_base") == []
 
 
 @pytest.mark.parametrize("completion, faithful", [
