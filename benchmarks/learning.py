@@ -46,7 +46,7 @@ def recipe(task, experiment):
     math: the two-term two-digit +/- rows. sequence: 8 completions a group, the reward correctness alone, and
     in experiment_base no KL term (experiment_drgrpo's algorithms choose their own beta). With the format terms
     the packaged model wins format in a few steps and most groups then hold equal rewards, which give no
-    gradient; the README's "Looking for a recipe that learns" has the runs."""
+    gradient; the README's "How the recipe was found" has the runs."""
     if task == "math":
         return ["--filter", "num_terms=2", "--filter", "num_digits=2", "--filter", "ops=+,-"]
     if task == "sequence":
