@@ -8,7 +8,8 @@ Each line is {"question", "answer", "kind"}; `--filter kind=compare` keeps one k
   count_words      "How many words are in this sentence: "the dog ran home"?"  4
   next_number      "What number comes next: 4, 7, 10, 13, ...?"  16
   unit_conversion  "How many minutes are in 3 hours?"  180
-  sequence         "What number comes next: 15, 20, 25, 30, ...?"  35   (--kind sequence only)
+  sequence         "What number comes next: 15, 20, 25, 30, ...?"  35   (--kind sequence only; its rows also
+                   hold "step": 5, which data/sequence_reward.py reads)
 The same seed writes the same bytes, and no held-out question appears in the training file.
 
 --kind K writes one kind alone, to data/K.jsonl and data/K_eval.jsonl. Two are tasks of the experiments:
@@ -86,7 +87,7 @@ def sequence(rng):
     """Counting by 2, 3, 4, 5 or 10 from a multiple of the step: 4 or 5 terms, 200 questions in all."""
     step, start = rng.choice([2, 3, 4, 5, 10]), rng.randint(1, 20)
     terms = [step * (start + i) for i in range(rng.choice([4, 5]))]
-    return f"What number comes next: {', '.join(map(str, terms))}, ...?", terms[-1] + step
+    return f"What number comes next: {', '.join(map(str, terms))}, ...?", terms[-1] + step, {"step": step}
 
 
 def unit_conversion(rng):
@@ -97,8 +98,8 @@ def unit_conversion(rng):
 
 def make_task(rng, kinds=KINDS):
     kind = rng.choice(kinds)
-    question, answer = globals()[kind](rng)
-    return {"question": question, "answer": str(answer), "kind": kind}
+    question, answer, *fields = globals()[kind](rng)  # sequence also gives its step, for a reward's metadata
+    return {"question": question, "answer": str(answer), "kind": kind, **(fields[0] if fields else {})}
 
 
 def main(argv=None):
