@@ -10,7 +10,8 @@
   + 0.5  its last addition is the last term plus the step, summed right: "30 + 5 = 35" (either order)
 
 so a right answer reached by a wrong step and a false sum ("each number is 8 more ... 28 + 8 = 35") earns
-correctness alone. benchmarks/learning.py measures the same property with a checker of its own (`faithful`),
+correctness alone. `stated_step_when_right` pays the same only where the answer is right (a bonus among right
+answers: a wrong answer earns 0 however it reasons), so the groups still differ first by correctness. benchmarks/learning.py measures the same property with a checker of its own (`faithful`),
 which reads the question rather than this field.
 """
 
@@ -29,3 +30,9 @@ def stated_step(completion, answer, metadata):
         return step_term
     a, b, total = map(int, additions[-1])
     return step_term + (0.5 if {a, b} == {last, step} and a + b == total else 0.0)
+
+
+def stated_step_when_right(completion, answer, metadata):
+    """stated_step where the answer (the last number in <answer>...</answer>) is the right one, else 0."""
+    said = re.findall(r"-?\d+", completion.split("<answer>")[-1].split("</answer>")[0]) if "<answer>" in completion else []
+    return stated_step(completion, answer, metadata) if said and int(said[-1]) == int(answer) else 0.0

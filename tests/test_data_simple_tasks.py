@@ -98,13 +98,14 @@ def test_count_words_task_is_one_kind_reproducible_and_held_out(tmp_path):
 def test_sequence_task_is_every_question_split_in_two(tmp_path):
     """--kind sequence writes the files of --task sequence, experiment_base's CPU default: counting by 2, 3, 4, 5 or
     10 from a multiple of the step, 4 or 5 terms; the 200 such questions split 100 / 100, with answers so spread out
-    that no constant answer is right on more than a few held-out problems."""
+    that no constant answer is right on more than a few held-out problems. Each row holds its step."""
     train, held_out = one_kind(tmp_path, "sequence", "100", "100")
     assert len({r["question"] for r in train + held_out}) == 200
     for row in train + held_out:
         numbers = [int(n) for n in re.findall(r"\d+", row["question"])]
         step = numbers[1] - numbers[0]
         assert step in (2, 3, 4, 5, 10) and numbers[0] % step == 0 and len(numbers) in (4, 5), row
+        assert row["step"] == step, row  # data/sequence_reward.py's metadata
     answers = [r["answer"] for r in held_out]
     assert max(answers.count(a) for a in answers) <= 5
 
