@@ -7,7 +7,8 @@ one after the other in one invocation:
     python benchmarks/step_time.py --steps 6 --json benchmarks/results/step_time.json
     python benchmarks/step_time.py --only project          # one side alone (for profiling)
 
-Identical on both sides: the model and its dtype (--dtype auto: bfloat16 on a CPU with AVX512-BF16, else float32), the prompts (formatted by
+Identical on both sides: the model and its dtype (--dtype auto: bfloat16 on a CPU with AVX512-BF16, else
+float32), the prompts (formatted by
 experiment_base.format_prompt), prompts per step, group size, completion budget, LoRA rank/alpha on
 every linear layer, gradient checkpointing, learning rate, KL weight (beta), the GRPO loss
 (per-sequence token mean, std-scaled group advantages), one optimizer update per step, the reward
