@@ -34,7 +34,11 @@ def build_random_llama(folder, **overrides):
 
     config = LlamaConfig(**{**LLAMA_3_2_1B, **overrides}, pad_token_id=0, bos_token_id=1, eos_token_id=2)
     torch.manual_seed(0)
-    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
+    with torch.device("meta"):  # no memory, no initialisation: the layers' own init would run twice (half the time)
+        model = LlamaForCausalLM(config)
+    model = model.to_empty(device="cpu").to(torch.bfloat16)
+    model.init_weights()  # transformers' init, once: normal(0, 0.02) weights, unit norms, the rotary frequencies
+    model.save_pretrained(folder)
     words = Tokenizer(models.WordLevel({"<unk>": 0, "<s>": 1, "</s>": 2}, unk_token="<unk>"))
     words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     PreTrainedTokenizerFast(tokenizer_object=words, pad_token="<unk>", bos_token="<s>", eos_token="</s>").save_pretrained(folder)
