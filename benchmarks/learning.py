@@ -11,7 +11,7 @@ OUT/learning.json, and the curves as a figure (benchmarks/figures/learning.png, 
     {"runs": [{"seed", "before": {"accuracy", "format_rate"}, "after", "gain", "minutes", "curves", "samples",
                "reasoning"}, ...], "summary": {"gain": {"min", "median", "max"}, ...}, "experiment", "task", "steps", "machine"}
 
-    python benchmarks/learning.py                          # one seed, 20 steps: about 20 minutes on a 2-core CPU with AVX512-BF16
+    python benchmarks/learning.py                          # one seed, 20 steps: 20-23 minutes on a 2-core AMD EPYC with AVX512-BF16
     python benchmarks/learning.py --seeds 3                # seeds 42, 43, 44, and the gain over them
     python benchmarks/learning.py --task count_words       # learns a constant: see the README
     python benchmarks/learning.py -- --lr 5e-5 --dtype float32   # anything after -- goes to train.py
@@ -46,8 +46,8 @@ def recipe(task, experiment):
     math: the two-term two-digit +/- rows. sequence: 8 prompts a step of 8 completions each, the reward
     correctness alone, and in experiment_base no KL term (experiment_drgrpo's algorithms choose their own beta).
     With the format terms the packaged model wins format in a few steps and most groups then hold equal rewards,
-    which give no gradient; with 4 prompts a step about 1 right answer in 32 rollouts moved the policy, and two
-    seeds of three did not take off in bfloat16. The README's "How the recipe was found" has the runs."""
+    which give no gradient; with 4 prompts a step one right answer in 32 to 100 rollouts moved the policy, and
+    two seeds of three did not take off in bfloat16. The README's "How the recipe was found" has the runs."""
     if task == "math":
         return ["--filter", "num_terms=2", "--filter", "num_digits=2", "--filter", "ops=+,-"]
     if task == "sequence":

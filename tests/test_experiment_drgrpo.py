@@ -491,10 +491,10 @@ def test_each_preset_value_states_its_source(drgrpo):
     ("drgrpo", []),  # its preset: no KL
     # at an 8-token budget the penalty would teach stopping before anything else; seed 1 (the others') lost its few
     # rewarded samples at step 4 under the shuffled mini-batches, and dynamic sampling then finds no group to learn
-    # from (0 reward to the end); seeds 2 and 3 reach 1.0 by step 13 on an AMD EPYC without AVX-512 (measured), as
-    # seed 1 did with contiguous ones. On an EPYC with AVX-512 (other float32 kernels, other rounding, which lr 3e-2
-    # amplifies) seed 2 stalls at 0.5 from step 6 (every group all right or all wrong: nothing for dynamic sampling to
-    # keep) and seed 4 never finds a reward; seed 3 rises there too (measured 2026-11-25)
+    # from (0 reward to the end); seeds 2 and 3 reached 1.0 by step 13 (measured before 2026-11-25, on an AMD EPYC
+    # without AVX-512), as seed 1 did with contiguous ones. On an EPYC with AVX-512 (other float32 kernels, other
+    # rounding, which lr 3e-2 amplifies) seed 2 stalls at 0.5 from step 6 (every group all right or all wrong: nothing
+    # for dynamic sampling to keep) and seed 4 never finds a reward; seed 3 rises there (measured 2026-11-25)
     ("dapo", ["--overlong-penalty", "0", "--seed", "3"]),
     # its preset: four mini-batch updates, sequence ratios clipped to [1 - 3e-4, 1 + 4e-4]. Seed 2: since zero advantages
     # are left out (the same update to float32 rounding, which lr 3e-2 amplifies), seed 1 plateaus at 0.5 until step
