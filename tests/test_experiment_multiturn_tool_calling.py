@@ -311,12 +311,10 @@ def test_options_and_bad_values(tool, capsys):
 # ----------------------------------------------------------------------------------------------
 
 PAIRS = [(a, b) for a in range(10, 40) for b in range(10, 40)]
-@pytest.fixture(scope="module")
-def caller_model_dir(tool, tiny_model_dir, tmp_path_factory):
-    """The tiny model after 200 supervised steps on calls '<calculator>12*34</calculator>', half of them written
+def teach_calls(tool, tiny_model_dir, folder, steps):
+    """The tiny model after `steps` supervised steps on calls '<calculator>12*34</calculator>', half of them written
     '12x34' instead, which the calculator refuses: it makes calls, and half of them fail. (A random model never
-    spells a 28-character call; a pretrained one has seen the format.) After 100 steps it spelled the tag in
-    full precision but not once in 4-bit ('<calculalator>'): NF4 noise on a hidden-64 model is large."""
+    spells a 28-character call; a pretrained one has seen the format.)"""
     generator = torch.Generator().manual_seed(0)
 
     def examples(step):
@@ -325,7 +323,21 @@ def caller_model_dir(tool, tiny_model_dir, tmp_path_factory):
         return [("What is {} * {}?".format(*PAIRS[i]), f"<calculator>{PAIRS[i][0]}{'*x'[op]}{PAIRS[i][1]}</calculator>")
                 for i, op in zip(picks, ops)]
 
-    return teach(tool, tiny_model_dir, tmp_path_factory.mktemp("tiny-caller"), examples, steps=200)
+    return teach(tool, tiny_model_dir, folder, examples, steps=steps)
+
+
+@pytest.fixture(scope="module")
+def caller_model_dir(tool, tiny_model_dir, tmp_path_factory):
+    """Taught 200 steps: it calls in full precision (after 100 steps it spelled the tag there but not once in 4-bit)."""
+    return teach_calls(tool, tiny_model_dir, tmp_path_factory.mktemp("tiny-caller"), 200)
+
+
+@pytest.fixture(scope="module")
+def caller_model_dir_4bit(tool, tiny_model_dir, tmp_path_factory):
+    """Taught 400 steps: it calls in 4-bit on every CPU seen. NF4 noise on a hidden-64 model is large: the 200-step
+    model never spelled the tag in 4-bit on a Sapphire Rapids Xeon (its float32 training rounds otherwise than an
+    AMD EPYC's, where it did); taught 300 steps it called in 75-88% of the episodes there, 400 steps in all."""
+    return teach_calls(tool, tiny_model_dir, tmp_path_factory.mktemp("tiny-caller-4bit"), 400)
 
 
 def test_grpo_learns_well_formed_calls(tool, caller_model_dir, tmp_path):
@@ -361,10 +373,10 @@ LOGGED = {
 }
 
 
-def test_two_steps_end_to_end(caller_model_dir, tmp_path):
+def test_two_steps_end_to_end(caller_model_dir_4bit, tmp_path):
     """A fresh process as a user starts it, in 4-bit with LoRA: two steps with calls, every tag, a checkpoint."""
     tasks = write_jsonl(tmp_path / "tasks.jsonl", [{"question": f"What is {a} * {b}?", "answer": str(a * b)} for a, b in PAIRS[:64]])
-    result = run_script(SCRIPT, "--model-name", caller_model_dir, "--device", "cpu", "--quantization", "4bit",
+    result = run_script(SCRIPT, "--model-name", caller_model_dir_4bit, "--device", "cpu", "--quantization", "4bit",
                         "--dtype", "float32", "--data-path", tasks, "--eval-data-path", tasks, "--eval-prompts", "4",
                         "--group-size", "4", "--rollouts-per-step", "2", "--max-length", "40", "--max-turns", "2",
                         "--max-steps", "2", "--eval-interval", "1", "--log-completions-interval", "1", "--lr", "1e-3",
