@@ -44,16 +44,18 @@ EXPERIMENTS = ["experiment_base", "experiment_drgrpo"]  # the two whose train.py
 def recipe(task, experiment):
     """The options the demo gives train.py before yours after -- (yours win: the last of an option counts).
 
-    math: the two-term two-digit +/- rows. sequence: 8 prompts a step of 8 completions each, the reward
-    correctness alone, and in experiment_base no KL term (experiment_drgrpo's algorithms choose their own beta).
-    With the format terms the packaged model wins format in a few steps and most groups then hold equal rewards,
-    which give no gradient; with 4 prompts a step one right answer in 32 to 100 rollouts moved the policy, and
-    two seeds of three did not take off in bfloat16. The README's "How the recipe was found" has the runs."""
+    math: the two-term two-digit +/- rows. sequence: 8 prompts a step of 8 completions each, sampled at temperature
+    0.8, the reward correctness alone, and in experiment_base no KL term (experiment_drgrpo's algorithms choose their
+    own beta). With the format terms the packaged model wins format in a few steps and most groups then hold equal
+    rewards, which give no gradient; with 4 prompts a step one right answer in 32 to 100 rollouts moved the policy,
+    and two seeds of three did not take off in bfloat16. At temperature 1 a quarter of the untrained model's samples
+    hold an answer in its tags and 6% of the groups of 8 a right one; at 0.8, 53% and 20%: the first steps have
+    three times the groups to learn from. The README's "How the recipe was found" has the runs."""
     if task == "math":
         return ["--filter", "num_terms=2", "--filter", "num_digits=2", "--filter", "ops=+,-"]
     if task == "sequence":
         no_kl = ["--kl-weight", "0"] if experiment == "experiment_base" else []
-        return ["--rollouts-per-step", "8", "--group-size", "8", *no_kl, "--reward-weights",
+        return ["--rollouts-per-step", "8", "--group-size", "8", "--temperature", "0.8", *no_kl, "--reward-weights",
                 "correctness=1,format=0,reasoning=0"]
     return []
 
