@@ -334,9 +334,10 @@ def caller_model_dir(tool, tiny_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def caller_model_dir_4bit(tool, tiny_model_dir, tmp_path_factory):
-    """Taught 400 steps: it calls in 4-bit on every CPU seen. NF4 noise on a hidden-64 model is large: the 200-step
-    model never spelled the tag in 4-bit on a Sapphire Rapids Xeon (its float32 training rounds otherwise than an
-    AMD EPYC's, where it did); taught 300 steps it called in 75-88% of the episodes there, 400 steps in all."""
+    """Taught 400 steps for 4-bit. NF4 noise on a hidden-64 model is large: on a Sapphire Rapids Xeon (whose float32
+    training rounds otherwise than the AMD EPYCs', where the test passed with the 200-step model) the 200-step model
+    never spelled the tag in 4-bit; taught 300 steps it called in 75-88% of the episodes there, 400 steps in all
+    (measured 2026-11-25; not yet run on an EPYC)."""
     return teach_calls(tool, tiny_model_dir, tmp_path_factory.mktemp("tiny-caller-4bit"), 400)
 
 
