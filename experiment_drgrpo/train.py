@@ -159,8 +159,9 @@ def parse_args(argv=None):
                    "(TRL: beta); 0: no reference pass; reinforce_pp: of the KL in the per-token reward (default: "
                    "%(default)s; 0 with the drgrpo, dapo, gspo and cispo presets)")
     g.add_argument("--log-kl", action="store_true", help="measure and log train/kl even when --kl-weight is 0 (without this "
-                   "flag, then not logged), to compare how far each algorithm moves from pi_ref: one more forward pass "
-                   "per step, adapter off")
+                   "flag, then not logged), to compare how far each algorithm moves from pi_ref: per step one forward "
+                   "pass without gradients of pi_ref over the batch, and one of pi_theta over the rows that beta 0 does "
+                   "not train (advantage 0)")
     g.add_argument("--epochs-per-step", type=integer("[1, inf)"), default=1, help="passes over each rollout batch, "
                    "PPO epochs (TRL: num_iterations)")
     g.add_argument("--updates-per-step", type=integer("[1, inf)"), default=1, help="mini-batches each pass splits the "
@@ -661,7 +662,18 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
     # With beta = 0 a sequence whose advantage is 0 (a group of equal rewards) adds exactly 0 to the loss and to its
     # gradient: no pass below runs it, and each mean still divides by all the sequences, or all their tokens
     # (README: zero advantages). REINFORCE++'s advantages are whitened over the batch: none is 0.
-    needed = (advantages != 0).cpu() if ref_log_probs is None and not reinforce else torch.ones(n, dtype=torch.bool)
+    needed = (advantages != 0).cpu() if args.kl_weight == 0 and not reinforce else torch.ones(n, dtype=torch.bool)
+    # --log-kl with beta 0 measures the KL without training those rows: each is measured once here, at pi_old, and
+    # enters the logged mean below as if it had run (with one update a step, where its pass would measure it)
+    skipped_kl = torch.zeros(n)
+    if ref_log_probs is not None and not needed.all():
+        model.eval()
+        with torch.no_grad():
+            for idx in torch.arange(n)[~needed].split(args.train_batch_size):
+                log_probs = sequence_log_probs(model, ids[idx], attention[idx], num_actions, args.temperature)[0]
+                mask = action_mask[idx]
+                skipped_kl[idx] = masked_mean(approx_kl(log_probs, ref_log_probs[idx], mask), mask, dim=1).float().cpu()
+        model.train()
 
     # pi_old, the policy that sampled. With one update and no dropout it is pi_theta before the update, recorded
     # from the first forward pass below at no cost. Otherwise a later mini-batch would see weights already
@@ -708,6 +720,10 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
                 for name in logged:
                     totals[name] += stats[name] * share
                 entropy_sum, ran = entropy_sum + masked_mean(entropy, action_mask[idx]).item() * len(idx), ran + len(idx)
+            skipped = rows[~needed[rows]]
+            if ref_log_probs is not None and len(skipped):  # --log-kl, beta 0: the rows measured at pi_old above
+                part = action_mask[skipped].sum(dim=1).cpu() / tokens if token_level else 1 / size  # each row's share
+                totals["kl"] += (skipped_kl[skipped] * part).sum().item() / (args.epochs_per_step * len(mini_batches))
             for p in params:  # zeros where no sequence ran: the update still steps, as it would on zero gradients
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)

@@ -423,6 +423,42 @@ def test_micro_batches_give_the_whole_batch_gradient(drgrpo, tiny_model_dir, alg
         assert torch.allclose(whole, accumulated, atol=1e-6, rtol=1e-4)
 
 
+@pytest.mark.parametrize("algorithm,updates", [("drgrpo", 1), ("dapo", 2)])
+def test_log_kl_does_not_train_the_rows_of_zero_advantage(drgrpo, tiny_model_dir, monkeypatch, algorithm, updates):
+    """--log-kl with beta 0 runs forward and backward only on the rows whose advantage is not 0 (beta 0 alone skips
+    the others: they add exactly 0 to the loss) and still logs the KL of the whole batch: the same gradient and the
+    same train/kl as a beta of 1e-12, with which every row runs. drgrpo: the mean over sequences; dapo: over tokens."""
+    torch.manual_seed(0)
+    args = drgrpo.parse_args(["--model-name", str(tiny_model_dir), "--device", "cpu", "--quantization", "none",
+                              "--dtype", "float32", "--algorithm", algorithm, "--max-length", "5", "--max-grad-norm", "1e9",
+                              "--updates-per-step", str(updates), "--train-batch-size", "1", "--no-dynamic-sampling"])
+    model, tokenizer = drgrpo.load_model(args)
+    model.train()
+    with torch.no_grad():  # LoRA's B starts at 0, and pi_theta = pi_ref: move it so that the KL is not 0
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+    ids = torch.randint(20, 60, (4, 9))
+    action_mask = torch.tensor([[1, 1, 0, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    attention = torch.cat([torch.ones(4, 4, dtype=torch.long), action_mask], dim=1)
+    advantages = torch.tensor([1.0, 0.0, -1.0, 0.0])
+    trained, forward = [], drgrpo.sequence_log_probs
+    monkeypatch.setattr(drgrpo, "sequence_log_probs", lambda model, ids, *rest: (
+        trained.append(len(ids)) if torch.is_grad_enabled() else None, forward(model, ids, *rest))[1])
+    logged, grads, rows = [], [], []
+    for kl_weight, log_kl in ((0.0, True), (1e-12, False)):
+        args.kl_weight, args.log_kl, trained[:] = kl_weight, log_kl, []
+        recorder = GradientRecorder(model)  # records the last update's gradient and changes no weight
+        logged.append(drgrpo.train_step(model, (ids, attention, action_mask, advantages), args, recorder, NO_SCHEDULE))
+        grads.append(recorder.grads)
+        rows.append(sum(trained))
+    assert rows == [2, 4]  # the two rows of advantage 0 are not trained under --log-kl with beta 0
+    assert logged[0]["kl"] > 1e-4
+    assert logged[0]["kl"] == pytest.approx(logged[1]["kl"], rel=1e-5)
+    for skipped, every_row in zip(*grads):  # the last update's (both runs draw the same mini-batches)
+        assert torch.allclose(skipped, every_row, atol=1e-7, rtol=1e-4)
+
+
 # ---- the command line: presets ----
 
 def test_presets_and_explicit_options(drgrpo):
