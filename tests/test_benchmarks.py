@@ -88,6 +88,45 @@ def test_learning_benchmark_runs(tiny_model_dir, tmp_path):
     assert_names_machine(result.stdout, figures["machine"], "float32")  # the --dtype given after --
 
 
+def algorithm_run(algorithm, steps, kl, lengths):
+    """A learning.json as learning.py writes it for one experiment_drgrpo run, its curves made up."""
+    command = ["python", "experiment_drgrpo/train.py", "--max-steps", str(steps), "--eval-interval", "5", "--eval-prompts",
+               "100", "--seed", "42", "--rollouts-per-step", "8", "--group-size", "8", "--algorithm", algorithm, "--log-kl"]
+    curves = {"eval/accuracy": [(0, 0.02), (5, 0.3), (10, 0.5)], "rollout/reward_mean": [(1, 0.0), (10, 0.4)],
+              "perf/step_seconds": [(1, 30.0), (10, 50.0)], "train/kl": [(1, 0.0), (10, kl)],
+              "train/clip_fraction": [(1, 0.0), (10, 0.02)], "train/clip_fraction_low": [(1, 0.0), (10, 0.004)],
+              "train/clip_fraction_high": [(1, 0.0), (10, 0.016)], "rollout/completion_length": list(enumerate(lengths, 1)),
+              "rollout/zero_spread_groups": [(1, 8.0), (10, 4.0)]}
+    run = {"seed": 42, "before": {"accuracy": 0.02}, "after": {"accuracy": 0.5}, "gain": 0.48, "minutes": 9.5,
+           "curves": curves, "command": command}
+    return {"experiment": "experiment_drgrpo", "machine": {"cpu": "a CPU", "cores": 2, "dtype": "bfloat16"}, "runs": [run]}
+
+
+def test_algorithms_benchmark_tables_the_runs_it_finds(tmp_path):
+    """benchmarks/algorithms.py reads each algorithm's learning.json instead of running it again, and tables what the
+    issue asks of the comparison; a learning.json from other settings stops it rather than being mixed in."""
+    for algorithm, kl, lengths in (("grpo", 0.0123, [60.0, 50.0, 41.0]), ("dapo", 0.5, [58.0, 80.0])):
+        (tmp_path / algorithm).mkdir()
+        (tmp_path / algorithm / "learning.json").write_text(json.dumps(algorithm_run(algorithm, 10, kl, lengths)))
+    result = run_script(ROOT / "benchmarks" / "algorithms.py", "--algorithms", "grpo", "dapo", "--out", tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = json.loads((tmp_path / "algorithms.json").read_text())
+    grpo, dapo = table["rows"]
+    assert grpo["kl_at_end"] == 0.0123 and dapo["completion_length"] == [58.0, 80.0]
+    assert grpo["step_seconds"] == 40.0 and grpo["clip_fraction_high"] == 0.008 and grpo["equal_reward_groups"] == 0.75
+    assert "| grpo | 2% | 50% | +48% | 9.5 | 40 | 0.0123 | 0.010 (0.002 / 0.008) | 60 -> 41 | 75% |" in result.stdout
+    assert (tmp_path / "algorithms.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (tmp_path / "dapo" / "learning.json").write_text(json.dumps(algorithm_run("dapo", 20, 0.5, [58.0])))
+    other = run_script(ROOT / "benchmarks" / "algorithms.py", "--algorithms", "grpo", "dapo", "--out", tmp_path)
+    assert other.returncode != 0 and "--max-steps 20, not 10" in other.stderr and "dapo" in other.stderr
+    from common import load_module
+
+    algorithms = load_module(ROOT / "benchmarks" / "algorithms.py")
+    command = algorithms.learning_command(algorithms.parse_args(["--out", str(tmp_path), "--", "--dtype", "float32"]), "cispo")
+    assert command[1].endswith("learning.py") and command[command.index("--") + 1:] == ["--algorithm", "cispo", "--log-kl",
+                                                                                       "--dtype", "float32"]
+
+
 def test_the_learning_recipe_comes_before_the_users_options():
     """The demo's recipe on sequence: 8 prompts x 8 completions at T 0.8, correctness alone, beta 0 in experiment_base only
     (experiment_drgrpo's algorithms choose their own); anything after -- wins."""
