@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 from common import ROOT, load_experiment
+from learning import plot
 
 ALGORITHMS = list(load_experiment("experiment_drgrpo").ALGORITHMS)
 COLUMNS = ("| algorithm | accuracy before | after | gain | minutes | s/step | KL at the end | clip fraction (low / high) "
@@ -114,29 +115,6 @@ def markdown(r):
             f"{number(r['equal_reward_groups'], '.0%')} |")
 
 
-def plot(results, path, title):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
-    for algorithm, result in results.items():
-        curves = result["runs"][0]["curves"]
-        top.plot(*zip(*curves["rollout/reward_mean"]), label=algorithm)
-        bottom.plot(*zip(*curves["eval/accuracy"]), marker="o", label=algorithm)
-    top.set_ylabel("training reward (mean)")
-    bottom.set_ylabel("held-out greedy accuracy")
-    bottom.set_xlabel("step")
-    bottom.set_ylim(-0.02, 1.02)
-    for axes in (top, bottom):
-        axes.legend(fontsize=8)
-        axes.grid(alpha=0.3)
-    figure.suptitle(title)
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-
-
 def main(argv=None):
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -150,7 +128,7 @@ def main(argv=None):
              f"({where['cores']} cores, {where['dtype']})")
     (args.out / "algorithms.json").write_text(json.dumps({"machine": where, "steps": args.steps, "seed": args.seed,
                                                            "rows": rows}, indent=2))
-    plot(results, args.out / "algorithms.png", title)
+    plot({algorithm: result["runs"][0]["curves"] for algorithm, result in results.items()}, args.out / "algorithms.png", title)
     print(f"\n{title}\n\n{COLUMNS}\n" + "| --- " * (COLUMNS.count(" | ") + 1) + "|")
     for r in rows:
         print(markdown(r))

@@ -87,25 +87,23 @@ def parse_args(argv=None):
     return args
 
 
-def plot(runs, path, title):
-    """Training reward and held-out accuracy over the steps, one line per seed."""
+def plot(lines, path, title):
+    """Training reward and held-out accuracy over the steps, one line per {label: a run's curves} (a seed, an algorithm)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     figure, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
-    for run in runs:
-        steps, values = zip(*run["curves"]["rollout/reward_mean"])
-        top.plot(steps, values, label=f"seed {run['seed']}")
-        steps, values = zip(*run["curves"]["eval/accuracy"])
-        bottom.plot(steps, values, marker="o", label=f"seed {run['seed']}")
+    for label, curves in lines.items():
+        top.plot(*zip(*curves["rollout/reward_mean"]), label=label)
+        bottom.plot(*zip(*curves["eval/accuracy"]), marker="o", label=label)
     top.set_ylabel("training reward (mean)")
     bottom.set_ylabel("held-out greedy accuracy")
     bottom.set_xlabel("step")
     bottom.set_ylim(-0.02, 1.02)
     for axes in (top, bottom):
-        axes.legend()
+        axes.legend(fontsize=8)
         axes.grid(alpha=0.3)
     figure.suptitle(title)
     figure.tight_layout()
@@ -200,7 +198,7 @@ def main(argv=None):
               "machine": where, "summary": summary, "runs": runs}
     png, figures = args.figure or (FIGURE if args.out == RESULTS else args.out / "learning.png"), args.out / "learning.json"
     png.parent.mkdir(parents=True, exist_ok=True)
-    plot(runs, png, f"{args.experiment}, --task {args.task}, {len(runs)} seed(s), on {where['cpu']} "
+    plot({f"seed {r['seed']}": r["curves"] for r in runs}, png, f"{args.experiment}, --task {args.task}, {len(runs)} seed(s), on {where['cpu']} "
                     f"({where['cores']} cores, {where['dtype']})")
     figures.write_text(json.dumps(result, indent=2))
     print(f"\n{args.steps} steps, {args.eval_prompts} held-out problems, greedy; on {where['cpu']}, {where['dtype']}\n")
