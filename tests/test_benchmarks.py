@@ -96,9 +96,9 @@ def algorithm_run(algorithm, steps, kl, lengths):
               "perf/step_seconds": [(1, 30.0), (10, 50.0)], "train/kl": [(1, 0.0), (10, kl)],
               "train/clip_fraction": [(1, 0.0), (10, 0.02)], "train/clip_fraction_low": [(1, 0.0), (10, 0.004)],
               "train/clip_fraction_high": [(1, 0.0), (10, 0.016)], "rollout/completion_length": list(enumerate(lengths, 1)),
-              "rollout/zero_spread_groups": [(1, 8.0), (10, 4.0)]}
+              "rollout/zero_spread_groups": [(1, 1.0), (10, 0.5)]}
     run = {"seed": 42, "before": {"accuracy": 0.02}, "after": {"accuracy": 0.5}, "gain": 0.48, "minutes": 9.5,
-           "curves": curves, "command": command}
+           "samples": [{"correct": True}, {"correct": False}, {"correct": True}], "curves": curves, "command": command}
     return {"experiment": "experiment_drgrpo", "machine": {"cpu": "a CPU", "cores": 2, "dtype": "bfloat16"}, "runs": [run]}
 
 
@@ -114,7 +114,7 @@ def test_algorithms_benchmark_tables_the_runs_it_finds(tmp_path):
     grpo, dapo = table["rows"]
     assert grpo["kl_at_end"] == 0.0123 and dapo["completion_length"] == [58.0, 80.0]
     assert grpo["step_seconds"] == 40.0 and grpo["clip_fraction_high"] == 0.008 and grpo["equal_reward_groups"] == 0.75
-    assert "| grpo | 2% | 50% | +48% | 9.5 | 40 | 0.0123 | 0.010 (0.002 / 0.008) | 60 -> 41 | 75% |" in result.stdout
+    assert "| grpo | 2% | 50% | +48% | 9.5 | 40 | 0.0123 | 0.010 (0.002 / 0.008) | 60 -> 41 | 75% | 2 of 3 |" in result.stdout
     assert (tmp_path / "algorithms.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     (tmp_path / "dapo" / "learning.json").write_text(json.dumps(algorithm_run("dapo", 20, 0.5, [58.0])))
     other = run_script(ROOT / "benchmarks" / "algorithms.py", "--algorithms", "grpo", "dapo", "--out", tmp_path)
