@@ -31,6 +31,7 @@ import re
 import statistics
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -105,7 +106,7 @@ def plot(lines, path, title):
     for axes in (top, bottom):
         axes.legend(fontsize=8)
         axes.grid(alpha=0.3)
-    figure.suptitle(title)
+    figure.suptitle(textwrap.fill(title, 90), fontsize=10)  # a long title in lines, not cut at the figure's edge
     figure.tight_layout()
     figure.savefig(path, dpi=100)
 
