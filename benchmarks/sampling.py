@@ -1,6 +1,7 @@
 """Sampling as completions end: experiment_base's rollout with ended rows dropped from the decode batch (the default)
 and kept to the last step (ENDED_SHARE above 1, as before 2026-11-24), alternated in one process on the same
-prompts and seed, so that both sample the same tokens (checked) and only the time differs.
+prompts and seed, so that both sample the same tokens and only the time differs (in float32; in bfloat16 a row's
+logits round by the batch's row count, and the table counts the completions that parted from the kept run's).
 
     python benchmarks/sampling.py                                   # packaged Gemma-3-270M, 4 prompts x 4 x 64 tokens
     python benchmarks/sampling.py --group-size 8 --max-new-tokens 128 --repeats 2
@@ -59,17 +60,20 @@ def main(argv=None):
     for share in args.shares or [base.ENDED_SHARE]:
         configs["dropped" if not args.shares else f"dropped at {share:g}"] = share
     _, first = timed(2.0)  # warm-up, and the tokens every way must sample
-    seconds = {name: [] for name in configs}
+    seconds, differing, sampled = {name: [] for name in configs}, dict.fromkeys(configs, 0), {}
     for _ in range(args.repeats):
         for name, share in configs.items():
             took, result = timed(share)
             seconds[name].append(took)
-            if not torch.equal(first.sequence_ids, result.sequence_ids):
-                raise SystemExit(f"error: {name} sampled other tokens than kept")
-    tokens = int(result.action_mask.sum())
-    lengths = result.action_mask.sum(1)
-    results = {name: {"seconds": statistics.median(values), "all_seconds": values,
-                      "tokens_per_second": tokens / statistics.median(values)} for name, values in seconds.items()}
+            # float32: the same tokens every way (tested). bfloat16: a row's logits round by the batch's row count (the
+            # matmul kernels differ by shape), so a completion can part where two tokens are within that rounding
+            differing[name] = max(differing[name], sum(a != b for a, b in zip(first.completions, result.completions)))
+            sampled[name] = int(result.action_mask.sum())
+    tokens = int(first.action_mask.sum())
+    lengths = first.action_mask.sum(1)
+    results = {name: {"seconds": statistics.median(values), "all_seconds": values, "tokens": sampled[name],
+                      "tokens_per_second": sampled[name] / statistics.median(values),
+                      "completions_unlike_kept": differing[name]} for name, values in seconds.items()}
     for name in configs:
         results[name]["ratio_to_kept"] = results[name]["seconds"] / results["kept"]["seconds"]
     results["tokens"] = tokens
@@ -77,10 +81,12 @@ def main(argv=None):
     print(f"\n{args.prompts} prompts x {args.group_size} completions x {args.max_new_tokens} tokens, {tokens} sampled "
           f"(lengths {int(lengths.min())} to {int(lengths.max())}, median {int(lengths.median())}), model {args.model_name}, "
           f"median of {args.repeats}\n")
-    print("| ended rows | sampling s | tokens/s | / kept |\n| --- | --- | --- | --- |")
+    print(f"| ended rows | sampling s | tokens/s | / kept | completions unlike kept's (of {len(first.completions)}) |\n"
+          "| --- | --- | --- | --- | --- |")
     for name in configs:
         r = results[name]
-        print(f"| {name} | {r['seconds']:.2f} | {r['tokens_per_second']:.1f} | {r['ratio_to_kept']:.2f} |")
+        print(f"| {name} | {r['seconds']:.2f} | {r['tokens_per_second']:.1f} | {r['ratio_to_kept']:.2f} | "
+              f"{r['completions_unlike_kept']} |")
     write_json(args.json, results, machine(resolved_dtype(args.dtype)))
 
 

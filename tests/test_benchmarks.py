@@ -54,6 +54,8 @@ def test_sampling_benchmark_times_the_same_tokens_both_ways(tiny_model_dir, tmp_
     assert "| dropped |" in stdout and "| kept |" in stdout
     assert table["dropped"]["ratio_to_kept"] == table["dropped"]["seconds"] / table["kept"]["seconds"]
     assert len(table["completion_lengths"]) == 16 and table["tokens"] == sum(table["completion_lengths"])
+    assert table["dropped"]["completions_unlike_kept"] == table["kept"]["completions_unlike_kept"] == 0  # float32
+    assert table["dropped"]["tokens"] == table["tokens"]
 
 
 def test_learning_benchmark_runs(tiny_model_dir, tmp_path):
