@@ -104,26 +104,26 @@ def algorithm_run(algorithm, steps, kl, lengths):
     return {"experiment": "experiment_drgrpo", "machine": {"cpu": "a CPU", "cores": 2, "dtype": "bfloat16"}, "runs": [run]}
 
 
-def test_algorithms_benchmark_tables_the_runs_it_finds(tmp_path):
+def test_algorithms_benchmark_tables_the_runs_it_finds(tmp_path, capsys):
     """benchmarks/algorithms.py reads each algorithm's learning.json instead of running it again, and tables what the
-    issue asks of the comparison; a learning.json from other settings stops it rather than being mixed in."""
+    issue asks of the comparison; a learning.json from other settings stops it rather than being mixed in. In this
+    process (main(), not a fresh one), for the suite's time."""
+    from common import load_module
+
+    algorithms = load_module(ROOT / "benchmarks" / "algorithms.py")
     for algorithm, kl, lengths in (("grpo", 0.0123, [60.0, 50.0, 41.0]), ("dapo", 0.5, [58.0, 80.0])):
         (tmp_path / algorithm).mkdir()
         (tmp_path / algorithm / "learning.json").write_text(json.dumps(algorithm_run(algorithm, 10, kl, lengths)))
-    result = run_script(ROOT / "benchmarks" / "algorithms.py", "--algorithms", "grpo", "dapo", "--out", tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
+    algorithms.main(["--algorithms", "grpo", "dapo", "--out", str(tmp_path)])
     table = json.loads((tmp_path / "algorithms.json").read_text())
     grpo, dapo = table["rows"]
     assert grpo["kl_at_end"] == 0.0123 and dapo["completion_length"] == [58.0, 80.0]
     assert grpo["step_seconds"] == 40.0 and grpo["clip_fraction_high"] == 0.008 and grpo["equal_reward_groups"] == 0.75
-    assert "| grpo | 2% | 50% | +48% | 9.5 | 40 | 0.0123 | 0.010 (0.002 / 0.008) | 60 -> 41 | 75% | 2 of 3 |" in result.stdout
+    assert "| grpo | 2% | 50% | +48% | 9.5 | 40 | 0.0123 | 0.010 (0.002 / 0.008) | 60 -> 41 | 75% | 2 of 3 |" in capsys.readouterr().out
     assert (tmp_path / "algorithms.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     (tmp_path / "dapo" / "learning.json").write_text(json.dumps(algorithm_run("dapo", 20, 0.5, [58.0])))
-    other = run_script(ROOT / "benchmarks" / "algorithms.py", "--algorithms", "grpo", "dapo", "--out", tmp_path)
-    assert other.returncode != 0 and "--max-steps 20, not 10" in other.stderr and "dapo" in other.stderr
-    from common import load_module
-
-    algorithms = load_module(ROOT / "benchmarks" / "algorithms.py")
+    with pytest.raises(SystemExit, match="dapo.*--max-steps 20, not 10"):
+        algorithms.main(["--algorithms", "grpo", "dapo", "--out", str(tmp_path)])
     command = algorithms.learning_command(algorithms.parse_args(["--out", str(tmp_path), "--", "--dtype", "float32"]), "cispo")
     assert command[1].endswith("learning.py") and command[command.index("--") + 1:] == ["--algorithm", "cispo", "--log-kl",
                                                                                        "--dtype", "float32"]
