@@ -103,8 +103,8 @@ def row(algorithm, result):
             "clip_fraction": mean("train/clip_fraction"), "clip_fraction_low": mean("train/clip_fraction_low"),
             "clip_fraction_high": mean("train/clip_fraction_high"),
             "completion_length": [length[0], length[-1]] if length else None,
-            "equal_reward_groups": mean("rollout/zero_spread_groups"),
-            "sampled": [sum(sample["correct"] for sample in run["samples"]), len(run["samples"])]}  # the step's share of such groups, mean over steps
+            "equal_reward_groups": mean("rollout/zero_spread_groups"),  # each step logs its share; the mean over steps
+            "sampled": [sum(sample["correct"] for sample in run["samples"]), len(run["samples"])]}
 
 
 def markdown(r):

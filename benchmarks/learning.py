@@ -199,8 +199,8 @@ def main(argv=None):
               "machine": where, "summary": summary, "runs": runs}
     png, figures = args.figure or (FIGURE if args.out == RESULTS else args.out / "learning.png"), args.out / "learning.json"
     png.parent.mkdir(parents=True, exist_ok=True)
-    plot({f"seed {r['seed']}": r["curves"] for r in runs}, png, f"{args.experiment}, --task {args.task}, {len(runs)} seed(s), on {where['cpu']} "
-                    f"({where['cores']} cores, {where['dtype']})")
+    title = f"{args.experiment}, --task {args.task}, {len(runs)} seed(s), on {where['cpu']} ({where['cores']} cores, {where['dtype']})"
+    plot({f"seed {r['seed']}": r["curves"] for r in runs}, png, title)
     figures.write_text(json.dumps(result, indent=2))
     print(f"\n{args.steps} steps, {args.eval_prompts} held-out problems, greedy; on {where['cpu']}, {where['dtype']}\n")
     print("| seed | accuracy before | after | gain | format rate before | after | minutes | right answers with faithful reasoning |")

@@ -1,7 +1,7 @@
 """Sampling as completions end: experiment_base's rollout with ended rows dropped from the decode batch (the default)
 and kept to the last step (ENDED_SHARE above 1, as before 2026-11-24), alternated in one process on the same
-prompts and seed, so that both sample the same tokens and only the time differs (in float32; in bfloat16 a row's
-logits round by the batch's row count, and the table counts the completions that parted from the kept run's).
+prompts and seed, so that both sample the same tokens and only the time differs (in float32, tested; in bfloat16 a
+completion can part, and the table counts those that parted from the kept run's).
 
     python benchmarks/sampling.py                                   # packaged Gemma-3-270M, 4 prompts x 4 x 64 tokens
     python benchmarks/sampling.py --group-size 8 --max-new-tokens 128 --repeats 2
@@ -65,8 +65,8 @@ def main(argv=None):
         for name, share in configs.items():
             took, result = timed(share)
             seconds[name].append(took)
-            # float32: the same tokens every way (tested). bfloat16: a row's logits round by the batch's row count (the
-            # matmul kernels differ by shape), so a completion can part where two tokens are within that rounding
+            # float32: the same tokens every way (tested). bfloat16: one of 16 parted on a Sapphire Rapids (our reading,
+            # not traced: a row's logits differ in the last bits with the batch's row count)
             differing[name] = max(differing[name], sum(a != b for a, b in zip(first.completions, result.completions)))
             sampled[name] = int(result.action_mask.sum())
     tokens = int(first.action_mask.sum())
