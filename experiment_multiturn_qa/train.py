@@ -627,14 +627,18 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
 @torch.no_grad()
 def evaluate(model, tokenizer, tasks, args, score, search):
     """Greedy accuracy (the share of exactly right answers), format rate, searches per episode and retrieval recall
-    on held-out tasks."""
+    on held-out tasks; where the data has a "hops" field (data/qa), the accuracy of each kind too."""
     model.eval()
     result = rollout(model, tokenizer, tasks, group_size=1, max_length=args.max_length, temperature=0,
                      generation_batch_size=args.generation_batch_size, score=score, search=search, max_turns=args.max_turns)
-    return {"eval/accuracy": (result.terms["correctness"] == 1).float().mean().item(),
-            "eval/format_rate": result.terms["format"].mean().item(),
-            "eval/searches_per_episode": result.searches.float().mean().item(),
-            "eval/retrieval_recall": result.answer_retrieved.mean().item()}
+    right = (result.terms["correctness"] == 1).float()
+    metrics = {"eval/accuracy": right.mean().item(), "eval/format_rate": result.terms["format"].mean().item(),
+               "eval/searches_per_episode": result.searches.float().mean().item(),
+               "eval/retrieval_recall": result.answer_retrieved.mean().item()}
+    hops = [str(task.get("metadata", {}).get("hops")) for task in tasks]
+    for kind in sorted(set(hops) - {"None"}):  # eval/accuracy_hops_1, eval/accuracy_hops_2
+        metrics[f"eval/accuracy_hops_{kind}"] = right[[h == kind for h in hops]].mean().item()
+    return metrics
 
 # ---- The training loop ----
 
