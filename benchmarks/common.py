@@ -138,9 +138,12 @@ def project_steps(base, options, tasks, args, profile=None):
             profile["peak_rss_gb"] = peak_memory(options.device)["peak_rss_gb"]  # the measured steps' peak, before it
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
                 base.train_step(model, batch, options, optimizer, scheduler)
-            profile["table"] = profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
-            break
-        base.train_step(model, batch, options, optimizer, scheduler)
+            operators = profiler.key_averages()
+            profile["table"] = operators.table(sort_by="self_cpu_time_total", row_limit=15)
+            profile["operator_seconds"] = sum(op.self_cpu_time_total for op in operators) / 1e6
+            profile["matmul_seconds"] = sum(op.self_cpu_time_total for op in operators if is_matmul(op.key)) / 1e6
+        else:
+            base.train_step(model, batch, options, optimizer, scheduler)
         if cuda:
             peaks.update(gpu_peaks(torch, "training"))
         prompt_width = result.sequence_ids.shape[1] - result.action_mask.shape[1]
@@ -148,10 +151,19 @@ def project_steps(base, options, tasks, args, profile=None):
         ran = (advantages != 0).cpu() if options.kl_weight == 0 else torch.ones(len(advantages), dtype=torch.bool)
         flops = training_flops(model.config, options.lora_r, result.attention_mask[ran, :prompt_width].sum(1).tolist(),
                                result.action_mask[ran].sum(1).tolist(), options.gradient_checkpointing, options.kl_weight > 0)
+        if step == args.steps:
+            profile["training_flops"] = flops  # done by the matrix multiplies and attention (is_matmul)
+            break
         steps.append({"seconds": time.perf_counter() - started, "sampling_seconds": sampled - started,
                       "tokens": int(result.action_mask.sum()), "training_flops": flops, "trained": int(ran.sum()),
                       "completions": len(ran), **peaks})
     return steps
+
+
+def is_matmul(operator):
+    """Does a profiler operator do the FLOPs training_flops counts? The matrix multiplies, and attention (its
+    products run inside one fused operator, forward and backward)."""
+    return operator in ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm") or "scaled_dot_product" in operator
 
 
 def step_summary(steps):

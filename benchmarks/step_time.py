@@ -24,7 +24,8 @@ sequences each side ran: with beta = 0 the project runs no pass over a completio
 TRL runs them all) over the seconds that are not sampling, and its share of this machine's matmul peak in the same
 dtype, measured here after both sides (common.matmul_peak). Then the ratios project / TRL.
 --profile adds the PyTorch profiler's table of the training phase of one more project step, run after the
-measured ones, operator by operator.
+measured ones, operator by operator, and the share of that phase's operator time spent in the operators that do the
+counted FLOPs (matrix multiplies, attention), with the rate they reach there against the peak.
 """
 
 import json
@@ -56,7 +57,7 @@ def run_project(args):
     profile = {} if args.profile else None
     steps = project_steps(base, options, tasks, args, profile)
     memory = {**peak_memory(device), **({"peak_rss_gb": profile["peak_rss_gb"]} if profile else {})}  # not the profiler's
-    return {"steps": steps, **memory, **({"profile": profile["table"]} if profile else {})}
+    return {"steps": steps, **memory, **({"profile": {k: v for k, v in profile.items() if k != "peak_rss_gb"}} if profile else {})}
 
 
 def run_trl(args):
@@ -111,7 +112,14 @@ def main(argv=None):
     print(f"\nmatmul peak: {peak['flops_per_second'] / 1e9:.1f} GFLOP/s ({str(dtype).removeprefix('torch.')}, "
           f"{peak['size']} x {peak['size']} products, best of 3)")
     if "profile" in project:
-        print(f"\nthe training phase of one more project step, by operator (self CPU time):\n{project['profile']}")
+        profile = project["profile"]
+        profile["matmul_share"] = profile["matmul_seconds"] / profile["operator_seconds"]
+        seconds = profile["matmul_seconds"] or float("nan")  # a step that trained no row ran no product
+        profile["matmul_share_of_peak"] = profile["training_flops"] / seconds / peak["flops_per_second"]
+        print(f"\nthe training phase of one more project step, by operator (self CPU time):\n{profile['table']}")
+        print(f"matrix multiplies and attention: {profile['matmul_seconds']:.2f} s of the operators' "
+              f"{profile['operator_seconds']:.2f} s ({profile['matmul_share']:.0%}); the step's "
+              f"{profile['training_flops'] / 1e9:.0f} GFLOP in them run at {profile['matmul_share_of_peak']:.0%} of the peak")
     results["matmul_peak"] = peak
     results["settings"] = {k: str(v) for k, v in vars(args).items()}
     results["ratios"] = {key: project[key] / trl[key] for _, key, _ in rows}

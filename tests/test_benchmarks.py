@@ -45,7 +45,13 @@ def test_step_time_benchmark_runs(tiny_model_dir, tmp_path):
     assert table["ratios"]["step_seconds"] == table["project"]["step_seconds"] / table["trl"]["step_seconds"]
     for step in table["project"]["steps"]:  # beta 0: the FLOPs of the completions that ran, none where none ran
         assert 0 <= step["trained"] <= step["completions"] == 16 and (step["training_flops"] == 0) == (step["trained"] == 0)
-    assert "aten::" in table["project"]["profile"] and "Self CPU" in stdout  # the profiler's table, by operator
+    profile = table["project"]["profile"]
+    assert "aten::" in profile["table"] and "Self CPU" in stdout  # the profiler's table, by operator
+    assert 0 <= profile["matmul_seconds"] < profile["operator_seconds"]
+    assert profile["matmul_share"] == profile["matmul_seconds"] / profile["operator_seconds"]
+    if profile["training_flops"]:  # the step trained a row (beta 0 trains none of a group of equal rewards)
+        rate = profile["training_flops"] / profile["matmul_seconds"]
+        assert profile["matmul_seconds"] > 0 and profile["matmul_share_of_peak"] == pytest.approx(rate / peak)
 
 
 def test_sampling_benchmark_times_the_same_tokens_both_ways(tiny_model_dir, tmp_path):
