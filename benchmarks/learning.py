@@ -11,7 +11,7 @@ OUT/learning.json, and the curves as a figure (benchmarks/figures/learning.png, 
     {"runs": [{"seed", "before": {"accuracy", "format_rate"}, "after", "gain", "minutes", "curves", "samples",
                "reasoning"}, ...], "summary": {"gain": {"min", "median", "max"}, ...}, "experiment", "task", "steps", "machine"}
 
-    python benchmarks/learning.py                          # one seed, 20 steps: 12-14 minutes on a 2-core Sapphire Rapids
+    python benchmarks/learning.py                          # one seed, 20 steps: 11-21 minutes on a 2-core Sapphire Rapids
                                                            # in bfloat16, 17-26 minutes there in float32
     python benchmarks/learning.py --seeds 3                # seeds 42, 43, 44, and the gain over them
     python benchmarks/learning.py --task count_words       # learns a constant: see the README

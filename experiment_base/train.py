@@ -356,8 +356,10 @@ def sequence_log_probs(model, input_ids, attention_mask, num_actions=None, tempe
     instead of stored: there is never a [batch, tokens, vocab] float32 tensor."""
     num_actions = num_actions or input_ids.shape[1] - 1
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    hidden = body_and_head(model)[0](input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                     use_cache=False).last_hidden_state
+    half = model.get_input_embeddings().weight.dtype == torch.bfloat16  # a bf16 model: LoRA's products in bf16 too,
+    with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=half):  # its weights and grads in fp32
+        hidden = body_and_head(model)[0](input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                         use_cache=False).last_hidden_state
     action_mask = attention_mask[:, -num_actions:].bool()
     hidden = hidden[:, -num_actions - 1 : -1][action_mask]  # [N, H]: the state before token t predicts token t
     actions = input_ids[:, -num_actions:][action_mask]  # [N]

@@ -472,8 +472,10 @@ def sequence_log_probs(model, input_ids, attention_mask, num_actions=None, tempe
     the model's own turns, not the tool's results, which the body reads but the model did not choose."""
     num_actions = num_actions or input_ids.shape[1] - 1
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    hidden = body_and_head(model)[0](input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                     use_cache=False).last_hidden_state
+    half = model.get_input_embeddings().weight.dtype == torch.bfloat16  # a bf16 model: LoRA's products in bf16 too,
+    with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=half):  # its weights and grads in fp32
+        hidden = body_and_head(model)[0](input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                         use_cache=False).last_hidden_state
     action_mask = (attention_mask[:, -num_actions:] if action_mask is None else action_mask).bool()
     hidden = hidden[:, -num_actions - 1 : -1][action_mask]  # [N, H]: the state before token t predicts token t
     actions = input_ids[:, -num_actions:][action_mask]  # [N]

@@ -132,6 +132,33 @@ def test_log_probs_equal_naive_log_softmax(tiny, monkeypatch, chunk_elements):
         assert (a is None and b is None) or torch.allclose(a, b, atol=1e-5)
 
 
+
+def test_bfloat16_model_takes_lora_products_in_bfloat16(experiment, tiny_model_dir):
+    """A bf16 model (what --dtype auto picks on a CPU with AVX512-BF16, or on a GPU): sequence_log_probs runs the
+    LoRA products in bf16 as well, as QLoRA trains, while the adapter's weights and their gradients stay float32.
+    The log-probs stay those of the model (within bf16's rounding) and the gradient reaches every adapter weight."""
+    args = experiment.parse_args(["--model-name", str(tiny_model_dir), "--device", "cpu", "--quantization", "none",
+                                  "--dtype", "bfloat16", "--lora-r", "8"])
+    model, tokenizer = experiment.load_model(args)
+    lora_a = next(m for name, m in model.named_modules() if name.endswith("lora_A.default"))
+    dtypes = []
+    lora_a.register_forward_hook(lambda module, inputs, output: dtypes.append(output.dtype))
+    model.train()
+    prompts = tokenizer(["What is 1+1?", "Hi"], return_tensors="pt", padding=True)
+    completion = tokenizer(["<answer>2</answer>", "no</s>"], return_tensors="pt", padding=True, padding_side="right")
+    ids = torch.cat([prompts.input_ids, completion.input_ids], 1)
+    mask = torch.cat([prompts.attention_mask, completion.attention_mask], 1)
+    log_probs, _ = experiment.sequence_log_probs(model, ids, mask, completion.input_ids.shape[1])
+    assert dtypes == [torch.bfloat16]  # without the autocast, peft computes it in the adapter's float32
+    with torch.no_grad():
+        expected = naive_log_probs(model, ids, mask, completion.input_ids.shape[1])  # LoRA in float32
+    assert (log_probs - expected).abs().max() < 0.1 * expected.abs().max()
+    log_probs.sum().backward()
+    adapter = [p for name, p in model.named_parameters() if "lora_" in name]
+    assert adapter and all(p.dtype == torch.float32 and p.grad is not None and p.grad.dtype == torch.float32
+                           and torch.isfinite(p.grad).all() for p in adapter)
+    assert any(p.grad.abs().sum() > 0 for p in adapter)
+
 def test_sample_token_distribution(experiment):
     torch.manual_seed(0)
     probs = torch.tensor([0.1, 0.2, 0.0, 0.7])
