@@ -75,6 +75,15 @@ def naive_log_probs(model, ids, mask, num_actions):
     return log_probs[:, -num_actions:] * mask[:, -num_actions:]
 
 
+def two_sequences(tokenizer):
+    """(ids, mask, num_actions, completion mask): two left-padded prompts, each with a right-padded completion."""
+    prompts = tokenizer(["What is 1+1?", "Hi"], return_tensors="pt", padding=True)  # left-padded
+    completion = tokenizer(["<answer>2</answer>", "no</s>"], return_tensors="pt", padding=True, padding_side="right")
+    ids = torch.cat([prompts.input_ids, completion.input_ids], 1)
+    mask = torch.cat([prompts.attention_mask, completion.attention_mask], 1)
+    return ids, mask, completion.input_ids.shape[1], completion.attention_mask
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_entropy_comes_from_each_chunks_first_pass_and_is_exact(tiny, monkeypatch, temperature):
     """The entropy (logged only) is computed on each chunk's forward pass; when the backward pass recomputes the
@@ -90,11 +99,7 @@ def test_entropy_comes_from_each_chunks_first_pass_and_is_exact(tiny, monkeypatc
 
     monkeypatch.setattr(experiment, "token_log_probs", spy)
     model.train()
-    prompts = tokenizer(["What is 1+1?", "Hi"], return_tensors="pt", padding=True)
-    completion = tokenizer(["<answer>2</answer>", "no</s>"], return_tensors="pt", padding=True, padding_side="right")
-    ids = torch.cat([prompts.input_ids, completion.input_ids], 1)
-    mask = torch.cat([prompts.attention_mask, completion.attention_mask], 1)
-    num_actions = completion.input_ids.shape[1]
+    ids, mask, num_actions, completion_mask = two_sequences(tokenizer)
     log_probs, entropy = experiment.sequence_log_probs(model, ids, mask, num_actions, temperature)
     chunks = len(seen)
     assert chunks > 1
@@ -104,7 +109,7 @@ def test_entropy_comes_from_each_chunks_first_pass_and_is_exact(tiny, monkeypatc
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
         logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids).logits.float()[:, -num_actions - 1 : -1]
         log_p = torch.log_softmax(logits / temperature, -1)
-        expected = -(log_p.exp() * log_p).sum(-1) * completion.attention_mask
+        expected = -(log_p.exp() * log_p).sum(-1) * completion_mask
     assert torch.allclose(entropy, expected, atol=1e-5)
 
 
@@ -113,16 +118,12 @@ def test_log_probs_equal_naive_log_softmax(tiny, monkeypatch, chunk_elements):
     experiment, model, tokenizer = tiny
     monkeypatch.setattr(experiment, "LOGITS_CHUNK_ELEMENTS", chunk_elements)
     model.train()
-    prompts = tokenizer(["What is 1+1?", "Hi"], return_tensors="pt", padding=True)  # left-padded
-    completion = tokenizer(["<answer>2</answer>", "no</s>"], return_tensors="pt", padding=True, padding_side="right")
-    ids = torch.cat([prompts.input_ids, completion.input_ids], 1)
-    mask = torch.cat([prompts.attention_mask, completion.attention_mask], 1)
-    num_actions = completion.input_ids.shape[1]
+    ids, mask, num_actions, completion_mask = two_sequences(tokenizer)
 
     log_probs, entropy = experiment.sequence_log_probs(model, ids, mask, num_actions)
     expected = naive_log_probs(model, ids, mask, num_actions)
     assert torch.allclose(log_probs, expected, atol=1e-5)
-    assert (entropy >= 0).all() and (entropy[completion.attention_mask == 0] == 0).all()
+    assert (entropy >= 0).all() and (entropy[completion_mask == 0] == 0).all()
 
     # gradients agree too (the chunks are recomputed in the backward pass)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -132,11 +133,10 @@ def test_log_probs_equal_naive_log_softmax(tiny, monkeypatch, chunk_elements):
         assert (a is None and b is None) or torch.allclose(a, b, atol=1e-5)
 
 
-
 def test_bfloat16_model_takes_lora_products_in_bfloat16(experiment, tiny_model_dir):
     """A bf16 model (what --dtype auto picks on a CPU with AVX512-BF16, or on a GPU): sequence_log_probs runs the
     LoRA products in bf16 as well, as QLoRA trains, while the adapter's weights and their gradients stay float32.
-    The log-probs stay those of the model (within bf16's rounding) and the gradient reaches every adapter weight."""
+    The log-probs stay those of the model (within bf16's rounding) and a float32 gradient reaches the adapter."""
     args = experiment.parse_args(["--model-name", str(tiny_model_dir), "--device", "cpu", "--quantization", "none",
                                   "--dtype", "bfloat16", "--lora-r", "8"])
     model, tokenizer = experiment.load_model(args)
@@ -144,20 +144,18 @@ def test_bfloat16_model_takes_lora_products_in_bfloat16(experiment, tiny_model_d
     dtypes = []
     lora_a.register_forward_hook(lambda module, inputs, output: dtypes.append(output.dtype))
     model.train()
-    prompts = tokenizer(["What is 1+1?", "Hi"], return_tensors="pt", padding=True)
-    completion = tokenizer(["<answer>2</answer>", "no</s>"], return_tensors="pt", padding=True, padding_side="right")
-    ids = torch.cat([prompts.input_ids, completion.input_ids], 1)
-    mask = torch.cat([prompts.attention_mask, completion.attention_mask], 1)
-    log_probs, _ = experiment.sequence_log_probs(model, ids, mask, completion.input_ids.shape[1])
+    ids, mask, num_actions, _ = two_sequences(tokenizer)
+    log_probs, _ = experiment.sequence_log_probs(model, ids, mask, num_actions)
     assert dtypes == [torch.bfloat16]  # without the autocast, peft computes it in the adapter's float32
     with torch.no_grad():
-        expected = naive_log_probs(model, ids, mask, completion.input_ids.shape[1])  # LoRA in float32
+        expected = naive_log_probs(model, ids, mask, num_actions)  # LoRA in float32
     assert (log_probs - expected).abs().max() < 0.1 * expected.abs().max()
     log_probs.sum().backward()
     adapter = [p for name, p in model.named_parameters() if "lora_" in name]
     assert adapter and all(p.dtype == torch.float32 and p.grad is not None and p.grad.dtype == torch.float32
                            and torch.isfinite(p.grad).all() for p in adapter)
     assert any(p.grad.abs().sum() > 0 for p in adapter)
+
 
 def test_sample_token_distribution(experiment):
     torch.manual_seed(0)
