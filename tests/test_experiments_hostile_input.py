@@ -3,6 +3,7 @@
 import logging
 import os
 import pathlib
+import re
 import sys
 
 import pytest
@@ -358,22 +359,15 @@ def raw_server(reply):
 
 
 def read_request(connection):
-    """The whole request, headers and body: a socket closed with unread bytes sends a reset, and the client would
-    then see ConnectionResetError, not the reply under test (one recv can end after the headers)."""
+    """Read the whole request, headers and body: a socket closed with unread bytes sends a reset, and the client
+    would then see ConnectionResetError, not the reply under test (one recv can end after the headers)."""
     data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = connection.recv(65536)
-        if not chunk:
-            return data
+    while b"\r\n\r\n" not in data and (chunk := connection.recv(65536)):
         data += chunk
     head, _, body = data.partition(b"\r\n\r\n")
-    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")), 0)
-    while len(body) < length:
-        chunk = connection.recv(65536)
-        if not chunk:
-            break
+    length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+    while length and len(body) < int(length[1]) and (chunk := connection.recv(65536)):
         body += chunk
-    return head + b"\r\n\r\n" + body
 
 
 def drip(connection, stop):  # a valid answer, one byte every 0.3 s
