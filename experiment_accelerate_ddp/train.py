@@ -373,8 +373,9 @@ def sequence_log_probs(model, input_ids, attention_mask, num_actions=None, tempe
     instead of stored: there is never a [batch, tokens, vocab] float32 tensor."""
     num_actions = num_actions or input_ids.shape[1] - 1
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    half = model.get_input_embeddings().weight.dtype == torch.bfloat16  # a bf16 model: LoRA's products in bf16 too,
-    with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=half):  # its weights and grads in fp32
+    half = model.get_input_embeddings().weight.dtype == torch.bfloat16  # bf16 model: LoRA's products in bf16, its
+    # weights and grads in fp32; peft's cast of each LoRA input to fp32 is skipped, as autocast would undo it
+    with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=half), uncast_lora_inputs(model, half):
         hidden = body_and_head(model)[0](input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                          use_cache=False).last_hidden_state
     action_mask = attention_mask[:, -num_actions:].bool()
@@ -833,6 +834,16 @@ def resolve_dtype(name, device):
     # CPUs with AVX512-BF16 / AMX run bfloat16 matmuls about twice as fast as float32; others emulate it slowly
     has_bf16 = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
     return torch.bfloat16 if has_bf16 else torch.float32
+
+def uncast_lora_inputs(model, active):
+    """Under autocast, stop peft from casting each LoRA layer's bf16 input to its float32 weights' dtype: autocast
+    casts it straight back to bf16 for the product, so the round trip only copies tensors as wide as the layer's
+    input (2,048 at Gemma-3's down projection); the values are the same bits (tested). For the forward pass: the
+    recomputation under gradient checkpointing keeps the cast (off there too, the peak memory measured no lower).
+    README, "Training against the machine's peak"."""
+    from peft.helpers import disable_input_dtype_casting
+
+    return disable_input_dtype_casting(model, active)  # on every LoRA layer inside model; none: nothing to do
 
 def attention_implementation(device):
     """flash-attention 2 where CUDA and the flash-attn package are present, else PyTorch SDPA."""

@@ -1,5 +1,6 @@
 """The algorithm's pieces against values computed by hand, for every experiment's train.py."""
 
+import contextlib
 import math
 
 import pytest
@@ -155,6 +156,47 @@ def test_bfloat16_model_takes_lora_products_in_bfloat16(experiment, tiny_model_d
     assert adapter and all(p.dtype == torch.float32 and p.grad is not None and p.grad.dtype == torch.float32
                            and torch.isfinite(p.grad).all() for p in adapter)
     assert any(p.grad.abs().sum() > 0 for p in adapter)
+
+
+def test_bfloat16_lora_inputs_reach_the_adapter_uncast_and_nothing_changes(experiment, tiny_model_dir, monkeypatch):
+    """Under the bf16 autocast, peft would cast each LoRA layer's bf16 input to the adapter's float32 and autocast
+    cast it straight back: sequence_log_probs switches that cast off for its forward pass (uncast_lora_inputs; the
+    recomputation under gradient checkpointing, in the backward pass, keeps it). The input reaches lora_A in bf16,
+    and the log-probs and every gradient are the same bits as with peft's round trip; afterwards the cast is on
+    again, so that a forward pass outside autocast (the sampler's) still runs."""
+    args = experiment.parse_args(["--model-name", str(tiny_model_dir), "--device", "cpu", "--quantization", "none",
+                                  "--dtype", "bfloat16", "--lora-r", "8"])
+    model, tokenizer = experiment.load_model(args)
+    torch.manual_seed(0)
+    adapter = [p for name, p in model.named_parameters() if "lora_" in name]
+    with torch.no_grad():  # lora_B starts at zero: give the adapter a path that changes the output
+        for p in adapter:
+            p.normal_(0, 0.05)
+    lora_a = next(m for name, m in model.named_modules() if name.endswith("lora_A.default"))
+    seen = []
+    lora_a.register_forward_hook(lambda module, inputs, output: seen.append(inputs[0].dtype))
+    model.train()
+    ids, mask, num_actions, _ = two_sequences(tokenizer)
+
+    def log_probs_and_grads():
+        model.zero_grad(set_to_none=True)
+        log_probs, _ = experiment.sequence_log_probs(model, ids, mask, num_actions)
+        log_probs.sum().backward()
+        return log_probs.detach(), [p.grad.clone() for p in adapter]
+
+    ours, our_grads = log_probs_and_grads()
+    assert seen[0] == torch.bfloat16  # the forward pass; peft's cast would hand it float32
+    layers = [m for m in model.modules() if hasattr(m, "cast_input_dtype_enabled")]
+    assert layers and all(m.cast_input_dtype_enabled for m in layers)  # on again after the pass
+    monkeypatch.setattr(experiment, "uncast_lora_inputs", lambda model, active: contextlib.nullcontext())
+    seen.clear()
+    theirs, their_grads = log_probs_and_grads()
+    assert seen[0] == torch.float32
+    assert torch.equal(ours, theirs)
+    assert all(torch.equal(a, b) for a, b in zip(our_grads, their_grads)) and any(g.abs().sum() > 0 for g in our_grads)
+    model.eval()
+    with torch.no_grad():  # outside autocast, as the sampler runs: the cast is back, so the float32 adapter takes it
+        assert torch.isfinite(model(input_ids=ids, attention_mask=mask).logits).all()
 
 
 def test_sample_token_distribution(experiment):
