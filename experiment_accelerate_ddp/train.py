@@ -352,6 +352,25 @@ def masked_mean(x, mask, dim=None):
 
 LOGITS_CHUNK_ELEMENTS = 2**24  # at most this many float32 logits exist at once in sequence_log_probs (64 MiB)
 
+class ActionLogProb(torch.autograd.Function):
+    """(log pi(a | z) = z_a - logsumexp(z), logsumexp(z)) for logits z [rows, vocab] and actions a [rows], with the
+    gradient written out: d log pi(a) / dz = onehot(a) - softmax(z), formed in one [rows, vocab] buffer in place,
+    where autograd's backward of the same expression makes several. The same bits (tested); README, "Training
+    against the machine's peak"."""
+
+    @staticmethod
+    def forward(ctx, logits, actions):
+        log_z = logits.logsumexp(dim=-1)
+        ctx.save_for_backward(logits, actions, log_z)
+        ctx.mark_non_differentiable(log_z)
+        return logits.gather(-1, actions.unsqueeze(-1)).squeeze(-1) - log_z, log_z
+
+    @staticmethod
+    def backward(ctx, grad, _):
+        logits, actions, log_z = ctx.saved_tensors
+        grad_logits = (logits - log_z.unsqueeze(-1)).exp_().mul_(-grad.unsqueeze(-1))  # -g softmax(z)
+        return grad_logits.scatter_add_(-1, actions.unsqueeze(-1), grad.unsqueeze(-1)), None  # + g onehot(a)
+
 def token_log_probs(model, hidden, actions, temperature=1.0, entropy=None):
     """log pi(a | h) = z_a - logsumexp(z) with z = W h / T, for a chunk of rows. T is the sampling temperature: pi
     is softmax(W h / T), the distribution the sampler drew from. The entropy of pi(. | h), logged only, is appended
@@ -360,11 +379,11 @@ def token_log_probs(model, hidden, actions, temperature=1.0, entropy=None):
     logits = body_and_head(model)[1](hidden)
     if temperature != 1:  # at T = 1 the division would only copy [rows, vocab]
         logits = logits / temperature
-    log_z = logits.logsumexp(dim=-1)
+    log_probs, log_z = ActionLogProb.apply(logits, actions)
     if entropy is not None and not entropy:
         with torch.no_grad():  # H = logsumexp(z) - sum_a p(a) z_a
             entropy.append(log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1))
-    return logits.gather(-1, actions.unsqueeze(-1)).squeeze(-1) - log_z
+    return log_probs
 
 def sequence_log_probs(model, input_ids, attention_mask, num_actions=None, temperature=1.0):
     """Per-token log-probs [B, T] of the last T = num_actions tokens (the completion), and the policy's entropy at

@@ -114,6 +114,24 @@ def test_entropy_comes_from_each_chunks_first_pass_and_is_exact(tiny, monkeypatc
     assert torch.allclose(entropy, expected, atol=1e-5)
 
 
+def test_action_log_prob_gradient_is_onehot_minus_softmax(experiment):
+    """ActionLogProb's hand-written backward, g (onehot(a) - softmax(z)), against autograd's backward of the same
+    expression: the same bits in float32 (what training runs), and torch.autograd.gradcheck in float64."""
+    torch.manual_seed(0)
+    logits = (torch.randn(6, 1000) * 4).requires_grad_()
+    actions = torch.tensor([0, 999, 5, 5, 500, 17])
+    upstream = torch.randn(6)
+    ours, log_z = experiment.ActionLogProb.apply(logits, actions)
+    (grad_ours,) = torch.autograd.grad(ours, logits, upstream)
+    theirs = logits.gather(-1, actions[:, None]).squeeze(-1) - logits.logsumexp(-1)
+    (grad_theirs,) = torch.autograd.grad(theirs, logits, upstream)
+    assert torch.equal(ours, theirs) and torch.equal(log_z, logits.logsumexp(-1))
+    assert torch.equal(grad_ours, grad_theirs)
+    assert not log_z.requires_grad
+    small = torch.randn(3, 7, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda z: experiment.ActionLogProb.apply(z, torch.tensor([1, 6, 0]))[0], (small,))
+
+
 @pytest.mark.parametrize("chunk_elements", [2**24, 50])  # one chunk, and many
 def test_log_probs_equal_naive_log_softmax(tiny, monkeypatch, chunk_elements):
     experiment, model, tokenizer = tiny
