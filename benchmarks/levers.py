@@ -17,8 +17,8 @@ Configurations (each differs from `default` in one thing):
   keep_ended       rows that have ended stay in the decode batch to the last step (same tokens, as before 2026-11-24)
   hf_prefill       the prefill through model(..., logits_to_keep=1), as transformers' generate does
   full_logits      log-probs from one [batch, tokens, vocab] float32 log-softmax over the completion
-  entropy_twice    the entropy computed again when the backward pass recomputes each chunk, and logits / T at T = 1
-                   (as before 2026-11-24)
+  autograd_head    the output layer's chunks under torch.utils.checkpoint with autograd's backward instead of
+                   ActionLogProb's written-out one (as before 2026-11-26; the entropy still once a chunk)
   no_checkpointing activations kept instead of recomputed
   kl               beta = 0.01: one more forward pass, through the reference policy
 """
@@ -31,7 +31,7 @@ import sys
 from common import (check_steps, load_experiment, machine, project_steps, resolved_dtype, run_alone, workload,
                     workload_parser, write_json)
 
-CONFIGS = ["default", "fp32", "multinomial", "keep_ended", "hf_prefill", "full_logits", "entropy_twice", "no_checkpointing",
+CONFIGS = ["default", "fp32", "multinomial", "keep_ended", "hf_prefill", "full_logits", "autograd_head", "no_checkpointing",
            "kl"]
 
 
@@ -70,17 +70,26 @@ def switch_off(base, config):
             mask = attention_mask[:, -num_actions:].bool()
             return taken.masked_fill(~mask, 0), entropy.masked_fill(~mask, 0)
         base.sequence_log_probs = sequence_log_probs
-    if config == "entropy_twice":
-        def token_log_probs(model, hidden, actions, temperature=1.0, entropy=None):
-            logits = base.body_and_head(model)[1](hidden) / temperature
-            log_z = logits.logsumexp(dim=-1)
-            with torch.no_grad():  # on every pass, the recomputation's included
-                chunk_entropy = log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1)
-            if entropy is not None and not entropy:
-                entropy.append(chunk_entropy)
-            return logits.gather(-1, actions.unsqueeze(-1)).squeeze(-1) - log_z
-        base.token_log_probs = token_log_probs
+    if config == "autograd_head":
+        from torch.utils.checkpoint import checkpoint
 
+        class ActionLogProb:
+            @staticmethod
+            def apply(hidden, weight, bias, actions, softcap, temperature):
+                entropy = []  # from the chunk's forward pass, not again when the backward pass recomputes it
+
+                def chunk(h, w, b):
+                    logits, _ = base.output_logits(h, w, b, softcap, temperature)
+                    log_z = logits.logsumexp(dim=-1)
+                    if not entropy:
+                        with torch.no_grad():
+                            entropy.append(log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1))
+                    return logits.gather(-1, actions.unsqueeze(-1)).squeeze(-1) - log_z
+
+                if torch.is_grad_enabled():
+                    return checkpoint(chunk, hidden, weight, bias, use_reentrant=False), entropy[0]
+                return chunk(hidden, weight, bias), entropy[0]
+        base.ActionLogProb = ActionLogProb
 
 def run_config(args, config):
     base = load_experiment()

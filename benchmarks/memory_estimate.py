@@ -50,16 +50,18 @@ def parse_args(argv=None):
     return args
 
 
-def saved_bytes(function):
-    """Run function() and count the bytes autograd saves for the backward pass (each storage once)."""
+def saved_bytes(function, model):
+    """Run function() and count the bytes autograd saves for the backward pass (each storage once), less the model's
+    weights (the output layer's, which ActionLogProb saves): they are counted once, as weights."""
     import torch
 
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen, total = set(), 0
 
     def pack(tensor):
         nonlocal total
         key = (tensor.untyped_storage().data_ptr(), tensor.untyped_storage().nbytes())
-        if key not in seen and tensor.device.type == "cpu":
+        if key not in seen and key[0] not in weights and tensor.device.type == "cpu":
             seen.add(key)
             total += key[1]
         return tensor
@@ -91,14 +93,14 @@ def measure(args):
         kv = sum(t.nbytes for layer in cache.layers for t in (layer.keys, layer.values)) / args.measure_tokens
 
     model.train()  # what the forward keeps for the backward pass, with checkpointing (the default)
-    keep = saved_bytes(lambda: base.sequence_log_probs(model, ids, mask, args.measure_tokens // 2)[0].sum()) / args.measure_tokens
+    keep = saved_bytes(lambda: base.sequence_log_probs(model, ids, mask, args.measure_tokens // 2)[0].sum(), model) / args.measure_tokens
     layer = base.body_and_head(model)[0].layers[0]
     hidden = torch.randn(1, args.measure_tokens, config.hidden_size, dtype=torch.bfloat16, requires_grad=True)
     positions = torch.arange(args.measure_tokens)[None]
     rotary = base.body_and_head(model)[0].rotary_emb(hidden, positions)
     model.eval()  # checkpointing is off outside training mode: the layer keeps all it needs, as when recomputed
     recompute = saved_bytes(lambda: layer(hidden, attention_mask=None, position_embeddings=rotary,
-                                          position_ids=positions)) / args.measure_tokens
+                                          position_ids=positions), model) / args.measure_tokens
     return {"weights": weights, "lora_params": lora, "kv_per_token": kv, "checkpoint_per_token": keep,
             "layer_recompute_per_token": recompute, "layers": layers, "vocab": config.vocab_size,
             "measured_layers": layers, "full_layers": LLAMA_3_2_1B["num_hidden_layers"]}

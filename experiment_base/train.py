@@ -33,7 +33,6 @@ from fractions import Fraction
 from pathlib import Path
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
 # ---- Configuration ----
 
@@ -122,13 +121,27 @@ def body_and_head(model):
     so that only the rows that need logits reach the output layer (262k columns for Gemma-3), as contiguous 2-D rows
     (a strided [B, 1, H] slice makes PyTorch's CPU matmul copy the whole matrix per row: 100x slower at 262k)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    lm_head, softcap = base.get_output_embeddings(), getattr(base.config, "final_logit_softcapping", None)
+    lm_head, softcap = output_layer(model)
+    return base.get_decoder(), lambda hidden: output_logits(hidden, lm_head.weight, lm_head.bias, softcap)[0]
 
-    def head(hidden):
-        logits = lm_head(hidden.to(lm_head.weight.dtype)).float()
-        return torch.tanh(logits / softcap) * softcap if softcap else logits  # Gemma-2 style soft-capping
+def output_layer(model):
+    """(the output layer, a torch.nn.Linear; its logit soft-capping s, or None)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    lm_head = base.get_output_embeddings()
+    if type(lm_head) is not torch.nn.Linear:  # ActionLogProb writes out the gradient of a plain linear layer
+        raise InputError(f"the model's output layer is a {type(lm_head).__name__}, not a torch.nn.Linear: "
+                         "ActionLogProb needs it unquantized and without an adapter")
+    return lm_head, getattr(base.config, "final_logit_softcapping", None)
 
-    return base.get_decoder(), head
+def output_logits(hidden, weight, bias=None, softcap=None, temperature=1.0):
+    """(z, y): float32 logits z = c(W h + b) / T [N, V] of rows h [N, H], with the Gemma-2 style soft-capping
+    c(u) = s tanh(u / s) when the model has one (y = tanh(u / s), which its gradient needs; else None) and the
+    sampling temperature T."""
+    logits = torch.nn.functional.linear(hidden.to(weight.dtype), weight, bias).float()  # u = W h + b
+    capped = torch.tanh(logits / softcap) if softcap else None  # y = tanh(u / s)
+    if softcap:
+        logits = capped * softcap  # c = s y
+    return (logits / temperature if temperature != 1 else logits), capped  # at T = 1 a division would only copy [N, V]
 
 # ---- Prompts and rewards ----
 
@@ -336,43 +349,47 @@ def masked_mean(x, mask, dim=None):
 LOGITS_CHUNK_ELEMENTS = 2**24  # at most this many float32 logits exist at once in sequence_log_probs (64 MiB)
 
 class ActionLogProb(torch.autograd.Function):
-    """(log pi(a | z) = z_a - logsumexp(z), logsumexp(z)) for logits z [rows, vocab] and actions a [rows], with the
-    gradient written out: d log pi(a) / dz = onehot(a) - softmax(z), formed in one [rows, vocab] buffer in place,
-    where autograd's backward of the same expression makes several. The same bits (tested); README, "Training
-    against the machine's peak"."""
+    """The output layer and the log-prob of the action, with the gradient written out. For rows h [N, H], actions
+    a [N] and logits z = c(W h + b) / T (output_logits): log pi(a | h) = z_a - logsumexp(z), and the entropy of
+    pi(. | h) (logged only: no gradient). The backward pass computes z again from h (no [N, V] tensor is kept between
+    the passes) and forms the gradient in that one buffer, in place:
+        dL/dz = g (onehot(a) - softmax(z)),  dL/du = dL/dz / T * (1 - y^2) with soft-capping,
+        dL/dh = dL/du W,  dL/dW = dL/du^T h,  dL/db = sum_rows dL/du.
+    The same bits as autograd's backward of the same expression, which keeps several [N, V] tensors (tested);
+    README, "Training against the machine's peak"."""
 
     @staticmethod
-    def forward(ctx, logits, actions):
+    def forward(ctx, hidden, weight, bias, actions, softcap, temperature):
+        logits, _ = output_logits(hidden, weight, bias, softcap, temperature)
         log_z = logits.logsumexp(dim=-1)
-        ctx.save_for_backward(logits, actions, log_z)
-        ctx.mark_non_differentiable(log_z)
-        return logits.gather(-1, actions.unsqueeze(-1)).squeeze(-1) - log_z, log_z
+        p_dot_z = (logits - log_z.unsqueeze(-1)).exp_().mul_(logits).sum(-1)  # sum_a p(a) z_a
+        ctx.save_for_backward(hidden, weight, bias, actions, log_z)
+        ctx.softcap, ctx.temperature = softcap, temperature
+        entropy = log_z - p_dot_z  # H = -sum_a p(a) log p(a) = logsumexp(z) - sum_a p(a) z_a
+        ctx.mark_non_differentiable(entropy)
+        return logits.gather(-1, actions.unsqueeze(-1)).squeeze(-1) - log_z, entropy
 
     @staticmethod
     def backward(ctx, grad, _):
-        logits, actions, log_z = ctx.saved_tensors
-        grad_logits = (logits - log_z.unsqueeze(-1)).exp_().mul_(-grad.unsqueeze(-1))  # -g softmax(z)
-        return grad_logits.scatter_add_(-1, actions.unsqueeze(-1), grad.unsqueeze(-1)), None  # + g onehot(a)
-
-def token_log_probs(model, hidden, actions, temperature=1.0, entropy=None):
-    """log pi(a | h) = z_a - logsumexp(z) with z = W h / T, for a chunk of rows. T is the sampling temperature: pi
-    is softmax(W h / T), the distribution the sampler drew from. The entropy of pi(. | h), logged only, is appended
-    to the list `entropy` when it is empty: on the forward pass, not again when the backward pass recomputes the
-    chunk (README, "Training against the machine's peak")."""
-    logits = body_and_head(model)[1](hidden)
-    if temperature != 1:  # at T = 1 the division would only copy [rows, vocab]
-        logits = logits / temperature
-    log_probs, log_z = ActionLogProb.apply(logits, actions)
-    if entropy is not None and not entropy:
-        with torch.no_grad():  # H = logsumexp(z) - sum_a p(a) z_a
-            entropy.append(log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1))
-    return log_probs
+        hidden, weight, bias, actions, log_z = ctx.saved_tensors
+        logits, capped = output_logits(hidden, weight, bias, ctx.softcap, ctx.temperature)
+        grad_z = logits.sub_(log_z.unsqueeze(-1)).exp_().mul_(-grad.unsqueeze(-1))  # -g softmax(z)
+        grad_z.scatter_add_(-1, actions.unsqueeze(-1), grad.unsqueeze(-1))  # + g onehot(a)
+        if ctx.temperature != 1:
+            grad_z.div_(ctx.temperature)  # z = c / T
+        if ctx.softcap:
+            grad_z.mul_(ctx.softcap).mul_(1 - capped * capped).div_(ctx.softcap)  # c = s tanh(u / s)
+        grad_u = grad_z.to(weight.dtype)
+        grad_hidden = (grad_u @ weight).to(hidden.dtype) if ctx.needs_input_grad[0] else None
+        grad_weight = grad_u.t() @ hidden.to(weight.dtype) if ctx.needs_input_grad[1] else None  # --no-lora
+        grad_bias = grad_u.sum(0) if ctx.needs_input_grad[2] else None
+        return grad_hidden, grad_weight, grad_bias, None, None, None
 
 def sequence_log_probs(model, input_ids, attention_mask, num_actions=None, temperature=1.0):
     """Per-token log-probs [B, T] of the last T = num_actions tokens (the completion), and the policy's entropy at
     each, under softmax(logits / T), T the sampling temperature; masked positions hold 0. Only the action tokens
-    reach the output layer, in chunks of at most LOGITS_CHUNK_ELEMENTS logits, each recomputed in the backward pass
-    instead of stored: there is never a [batch, tokens, vocab] float32 tensor."""
+    reach the output layer, in chunks of at most LOGITS_CHUNK_ELEMENTS logits, each computed again in the backward
+    pass instead of stored (ActionLogProb): there is never a [batch, tokens, vocab] float32 tensor."""
     num_actions = num_actions or input_ids.shape[1] - 1
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     half = model.get_input_embeddings().weight.dtype == torch.bfloat16  # bf16 model: LoRA's products in bf16, its
@@ -383,16 +400,10 @@ def sequence_log_probs(model, input_ids, attention_mask, num_actions=None, tempe
     action_mask = attention_mask[:, -num_actions:].bool()
     hidden = hidden[:, -num_actions - 1 : -1][action_mask]  # [N, H]: the state before token t predicts token t
     actions = input_ids[:, -num_actions:][action_mask]  # [N]
+    lm_head, softcap = output_layer(model)
     chunk = max(1, LOGITS_CHUNK_ELEMENTS // model.config.vocab_size)  # rows per chunk
-    log_probs, entropy = [], []
-    for h, a in zip(hidden.split(chunk), actions.split(chunk)):
-        ent = []  # the chunk's entropy, from its first pass only
-        if torch.is_grad_enabled():
-            lp = checkpoint(token_log_probs, model, h, a, temperature, ent, use_reentrant=False)
-        else:
-            lp = token_log_probs(model, h, a, temperature, ent)
-        log_probs.append(lp)
-        entropy += ent
+    log_probs, entropy = zip(*[ActionLogProb.apply(h, lm_head.weight, lm_head.bias, a, softcap, temperature)
+                               for h, a in zip(hidden.split(chunk), actions.split(chunk))])
     zeros = torch.zeros(action_mask.shape, device=hidden.device)
     return zeros.masked_scatter(action_mask, torch.cat(log_probs)), zeros.masked_scatter(action_mask, torch.cat(entropy))
 def approx_kl(log_probs, ref_log_probs, mask):

@@ -173,9 +173,9 @@ def test_the_reasoning_checker_wants_the_true_step_and_a_true_last_sum(completio
 def test_levers_benchmark_runs(tiny_model_dir, tmp_path):
     _, table = run_benchmark(tmp_path, "levers.py", "--model-name", tiny_model_dir, "--steps", "2",
                              "--max-new-tokens", "8", "--dtype", "float32", "--configs", "default", "full_logits",
-                             dtype="float32")
+                             "autograd_head", dtype="float32")
     configs = {name: figures for name, figures in table.items() if name != "machine"}
-    assert list(configs) == ["default", "full_logits"]
+    assert list(configs) == ["default", "full_logits", "autograd_head"]
     assert all(r["sampling_seconds"] > 0 and r["training_seconds"] > 0 for r in configs.values())
 
 

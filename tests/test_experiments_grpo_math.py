@@ -86,26 +86,27 @@ def two_sequences(tokenizer):
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_entropy_comes_from_each_chunks_first_pass_and_is_exact(tiny, monkeypatch, temperature):
-    """The entropy (logged only) is computed on each chunk's forward pass; when the backward pass recomputes the
-    chunk, it finds the chunk's list filled and skips the softmax over the vocabulary. It equals -sum p log p of the
-    full softmax(logits / T), and at T = 1 no division copies the logits."""
+def test_each_chunks_logits_are_computed_once_a_pass_and_the_entropy_is_exact(tiny, monkeypatch, temperature):
+    """ActionLogProb computes each chunk's logits on the forward pass (log-probs and entropy) and once more in the
+    backward pass (the gradient), keeping none between the passes; the entropy, logged only, carries no gradient
+    and equals -sum p log p of the full softmax(logits / T)."""
     experiment, model, tokenizer = tiny
     monkeypatch.setattr(experiment, "LOGITS_CHUNK_ELEMENTS", 50)  # many chunks
-    seen, original = [], experiment.token_log_probs
+    seen, original = [], experiment.output_logits
 
-    def spy(model, hidden, actions, temperature=1.0, entropy=None):
-        seen.append(len(entropy))
-        return original(model, hidden, actions, temperature, entropy)
+    def spy(hidden, *args):
+        seen.append(hidden.shape[0])
+        return original(hidden, *args)
 
-    monkeypatch.setattr(experiment, "token_log_probs", spy)
+    monkeypatch.setattr(experiment, "output_logits", spy)
     model.train()
     ids, mask, num_actions, completion_mask = two_sequences(tokenizer)
     log_probs, entropy = experiment.sequence_log_probs(model, ids, mask, num_actions, temperature)
-    chunks = len(seen)
-    assert chunks > 1
+    forward = list(seen)
+    assert len(forward) > 1 and sum(forward) == completion_mask.sum()
+    assert log_probs.requires_grad and not entropy.requires_grad
     log_probs.sum().backward()
-    assert seen == [0] * chunks + [1] * chunks  # forward passes with empty lists, then recomputations that skip it
+    assert sorted(seen[len(forward):]) == sorted(forward)  # each chunk once more, in the backward pass
     with torch.no_grad():
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
         logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids).logits.float()[:, -num_actions - 1 : -1]
@@ -114,22 +115,38 @@ def test_entropy_comes_from_each_chunks_first_pass_and_is_exact(tiny, monkeypatc
     assert torch.allclose(entropy, expected, atol=1e-5)
 
 
-def test_action_log_prob_gradient_is_onehot_minus_softmax(experiment):
-    """ActionLogProb's hand-written backward, g (onehot(a) - softmax(z)), against autograd's backward of the same
-    expression: the same bits in float32 (what training runs), and torch.autograd.gradcheck in float64."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("softcap", [None, 30.0])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_action_log_prob_gradient_is_written_out_right(experiment, dtype, softcap, temperature):
+    """ActionLogProb's hand-written backward, dL/dz = g (onehot(a) - softmax(z)) through the temperature, the
+    soft-capping and the output layer (W and b too, as --no-lora trains them), against autograd's backward of the
+    same expression: the same bits without soft-capping (Gemma-3, Llama), within float32 rounding with it; and
+    torch.autograd.gradcheck's finite differences."""
     torch.manual_seed(0)
-    logits = (torch.randn(6, 1000) * 4).requires_grad_()
+    layer = torch.nn.Linear(16, 1000).to(dtype)
+    hidden = (torch.randn(6, 16) * 2).to(dtype).requires_grad_()
     actions = torch.tensor([0, 999, 5, 5, 500, 17])
     upstream = torch.randn(6)
-    ours, log_z = experiment.ActionLogProb.apply(logits, actions)
-    (grad_ours,) = torch.autograd.grad(ours, logits, upstream)
-    theirs = logits.gather(-1, actions[:, None]).squeeze(-1) - logits.logsumexp(-1)
-    (grad_theirs,) = torch.autograd.grad(theirs, logits, upstream)
-    assert torch.equal(ours, theirs) and torch.equal(log_z, logits.logsumexp(-1))
-    assert torch.equal(grad_ours, grad_theirs)
-    assert not log_z.requires_grad
-    small = torch.randn(3, 7, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda z: experiment.ActionLogProb.apply(z, torch.tensor([1, 6, 0]))[0], (small,))
+    inputs = [hidden, layer.weight, layer.bias]
+    ours, entropy = experiment.ActionLogProb.apply(hidden, layer.weight, layer.bias, actions, softcap, temperature)
+    grads_ours = torch.autograd.grad(ours, inputs, upstream)
+    z = layer(hidden).float()
+    if softcap:
+        z = torch.tanh(z / softcap) * softcap
+    z = z / temperature
+    theirs = z.gather(-1, actions[:, None]).squeeze(-1) - z.logsumexp(-1)
+    grads_theirs = torch.autograd.grad(theirs, inputs, upstream)
+    assert torch.equal(ours, theirs) and not entropy.requires_grad
+    log_p = torch.log_softmax(z, -1)
+    assert torch.allclose(entropy, -(log_p.exp() * log_p).sum(-1), atol=1e-5)
+    for a, b in zip(grads_ours, grads_theirs):
+        assert a.dtype == b.dtype and (torch.equal(a, b) if softcap is None else torch.allclose(a, b, rtol=1e-5, atol=1e-8))
+    small = [torch.randn(shape, requires_grad=True) for shape in [(3, 4), (7, 4), (7,)]]  # float32: the logits are
+    with pytest.warns(UserWarning, match="double precision"):  # so the finite differences are coarse
+        assert torch.autograd.gradcheck(
+            lambda h, w, b: experiment.ActionLogProb.apply(h, w, b, torch.tensor([1, 6, 0]), softcap and 2.0, temperature)[0],
+            small, eps=1e-2, atol=1e-2, rtol=1e-2)
 
 
 @pytest.mark.parametrize("chunk_elements", [2**24, 50])  # one chunk, and many
