@@ -17,8 +17,9 @@ Configurations (each differs from `default` in one thing):
   keep_ended       rows that have ended stay in the decode batch to the last step (same tokens, as before 2026-11-24)
   hf_prefill       the prefill through model(..., logits_to_keep=1), as transformers' generate does
   full_logits      log-probs from one [batch, tokens, vocab] float32 log-softmax over the completion
-  autograd_head    the output layer's chunks under torch.utils.checkpoint with autograd's backward instead of
-                   ActionLogProb's written-out one (as before 2026-11-26; the entropy still once a chunk)
+  autograd_head    the output layer's chunks under torch.utils.checkpoint with autograd's backward and new tensors
+                   instead of ActionLogProb's written-out one in a workspace (as before 2026-11-26; the entropy
+                   still once a chunk)
   no_checkpointing activations kept instead of recomputed
   kl               beta = 0.01: one more forward pass, through the reference policy
 """
@@ -75,11 +76,11 @@ def switch_off(base, config):
 
         class ActionLogProb:
             @staticmethod
-            def apply(hidden, weight, bias, actions, softcap, temperature):
+            def apply(hidden, weight, bias, actions, softcap, temperature, work):
                 entropy = []  # from the chunk's forward pass, not again when the backward pass recomputes it
 
                 def chunk(h, w, b):
-                    logits, _ = base.output_logits(h, w, b, softcap, temperature)
+                    logits = base.output_logits(h, w, b, softcap, temperature)
                     log_z = logits.logsumexp(dim=-1)
                     if not entropy:
                         with torch.no_grad():

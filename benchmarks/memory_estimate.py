@@ -125,7 +125,7 @@ def estimate(parts, args):
         "LoRA weights, gradients, 8-bit AdamW": optimizer,
         "activations kept by checkpointing": parts["checkpoint_per_token"] * scale * tokens,
         "one layer recomputed in the backward pass": parts["layer_recompute_per_token"] * tokens,
-        "output-layer chunk (2^24 fp32 logits, softmax, gradient)": 3 * 4 * 2**24,
+        "output-layer workspace (2^24 logits: one bf16 buffer, two fp32)": (2 + 4 + 4) * 2**24,
     }
     return {"sampling": sampling, "training": training}
 

@@ -134,7 +134,7 @@ def body_and_head(model):
     (a strided [B, 1, H] slice makes PyTorch's CPU matmul copy the whole matrix per row: 100x slower at 262k)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     lm_head, softcap = output_layer(model)
-    return base.get_decoder(), lambda hidden: output_logits(hidden, lm_head.weight, lm_head.bias, softcap)[0]
+    return base.get_decoder(), lambda hidden: output_logits(hidden, lm_head.weight, lm_head.bias, softcap)
 
 def output_layer(model):
     """(the output layer, a torch.nn.Linear; its logit soft-capping s, or None)."""
@@ -145,15 +145,20 @@ def output_layer(model):
                          "ActionLogProb needs it unquantized and without an adapter")
     return lm_head, getattr(base.config, "final_logit_softcapping", None)
 
-def output_logits(hidden, weight, bias=None, softcap=None, temperature=1.0):
-    """(z, y): float32 logits z = c(W h + b) / T [N, V] of rows h [N, H], with the Gemma-2 style soft-capping
-    c(u) = s tanh(u / s) when the model has one (y = tanh(u / s), which its gradient needs; else None) and the
-    sampling temperature T."""
-    logits = torch.nn.functional.linear(hidden.to(weight.dtype), weight, bias).float()  # u = W h + b
-    capped = torch.tanh(logits / softcap) if softcap else None  # y = tanh(u / s)
+def output_logits(hidden, weight, bias=None, softcap=None, temperature=1.0, work=None):
+    """Float32 logits z = c(W h + b) / T [N, V] of rows h [N, H]: c the Gemma-2 style soft-capping s tanh(u / s) when
+    the model has one, T the sampling temperature. Into work = (u [n, V] in W's dtype, z [n, V] float32, ...), n >= N,
+    when given (ActionLogProb's workspace), else into new tensors."""
+    x = hidden.to(weight.dtype)
+    if work is None:
+        logits = torch.nn.functional.linear(x, weight, bias).float()  # u = W h + b
+    else:  # the same product and the same bits, into the workspace
+        u = work[0][: len(x)]
+        torch.mm(x, weight.t(), out=u) if bias is None else torch.addmm(bias, x, weight.t(), out=u)
+        logits = work[1][: len(x)].copy_(u)
     if softcap:
-        logits = capped * softcap  # c = s y
-    return (logits / temperature if temperature != 1 else logits), capped  # at T = 1 a division would only copy [N, V]
+        logits.div_(softcap).tanh_().mul_(softcap)  # c = s tanh(u / s)
+    return logits.div_(temperature) if temperature != 1 else logits  # at T = 1 the division would be a pass for nothing
 
 # ---- Prompts and rewards ----
 
@@ -358,50 +363,63 @@ def masked_mean(x, mask, dim=None):
     mask = mask.to(x.dtype)
     return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
 
-LOGITS_CHUNK_ELEMENTS = 2**24  # at most this many float32 logits exist at once in sequence_log_probs (64 MiB)
+LOGITS_CHUNK_ELEMENTS = 2**24  # sequence_log_probs takes the output layer in chunks of at most this many logits
 
 class ActionLogProb(torch.autograd.Function):
     """The output layer and the log-prob of the action, with the gradient written out. For rows h [N, H], actions
     a [N] and logits z = c(W h + b) / T (output_logits): log pi(a | h) = z_a - logsumexp(z), and the entropy of
     pi(. | h) (logged only: no gradient). The backward pass computes z again from h (no [N, V] tensor is kept between
-    the passes) and forms the gradient in that one buffer, in place:
-        dL/dz = g (onehot(a) - softmax(z)),  dL/du = dL/dz / T * (1 - y^2) with soft-capping,
+    the passes) and forms the gradient in that buffer, in place:
+        dL/dz = g (onehot(a) - softmax(z)),  dL/du = dL/dz / T * (1 - y^2) with soft-capping, y = tanh(u / s),
         dL/dh = dL/du W,  dL/dW = dL/du^T h,  dL/db = sum_rows dL/du.
-    The same bits as autograd's backward of the same expression, which keeps several [N, V] tensors (tested);
-    README, "Training against the machine's peak"."""
+    Both passes of every chunk work in one workspace of [rows, V] buffers (output_workspace): on a CPU a new 64 MiB
+    tensor costs more in page faults than the arithmetic on it. The same bits as autograd's backward of the same
+    expression (tested); README, "Training against the machine's peak"."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, actions, softcap, temperature):
-        logits, _ = output_logits(hidden, weight, bias, softcap, temperature)
-        log_z = logits.logsumexp(dim=-1)
-        p_dot_z = (logits - log_z.unsqueeze(-1)).exp_().mul_(logits).sum(-1)  # sum_a p(a) z_a
-        ctx.save_for_backward(hidden, weight, bias, actions, log_z)
-        ctx.softcap, ctx.temperature = softcap, temperature
+    def forward(ctx, hidden, weight, bias, actions, softcap, temperature, work):
+        logits = output_logits(hidden, weight, bias, softcap, temperature, work)
+        top = logits.amax(dim=-1, keepdim=True)
+        top.masked_fill_(top.abs() == math.inf, 0)
+        exp = torch.sub(logits, top, out=work[2][: len(hidden)]).exp_()  # e^(z - m)
+        total = exp.sum(dim=-1, keepdim=True)
+        log_z = (total.log() + top).squeeze(-1)  # logsumexp(z) = m + log sum_a e^(z_a - m), as torch.logsumexp
+        p_dot_z = exp.mul_(logits).sum(-1) / total.squeeze(-1)  # sum_a p(a) z_a
         entropy = log_z - p_dot_z  # H = -sum_a p(a) log p(a) = logsumexp(z) - sum_a p(a) z_a
+        ctx.save_for_backward(hidden, weight, bias, actions, log_z)
+        ctx.softcap, ctx.temperature, ctx.work = softcap, temperature, work
         ctx.mark_non_differentiable(entropy)
         return logits.gather(-1, actions.unsqueeze(-1)).squeeze(-1) - log_z, entropy
 
     @staticmethod
     def backward(ctx, grad, _):
         hidden, weight, bias, actions, log_z = ctx.saved_tensors
-        logits, capped = output_logits(hidden, weight, bias, ctx.softcap, ctx.temperature)
-        grad_z = logits.sub_(log_z.unsqueeze(-1)).exp_().mul_(-grad.unsqueeze(-1))  # -g softmax(z)
+        u, _, spare = (buffer[: len(hidden)] for buffer in ctx.work)
+        grad_z = output_logits(hidden, weight, bias, ctx.softcap, ctx.temperature, ctx.work)  # z again
+        grad_z.sub_(log_z.unsqueeze(-1)).exp_().mul_(-grad.unsqueeze(-1))  # -g softmax(z)
         grad_z.scatter_add_(-1, actions.unsqueeze(-1), grad.unsqueeze(-1))  # + g onehot(a)
         if ctx.temperature != 1:
             grad_z.div_(ctx.temperature)  # z = c / T
-        if ctx.softcap:
-            grad_z.mul_(ctx.softcap).mul_(1 - capped * capped).div_(ctx.softcap)  # c = s tanh(u / s)
-        grad_u = grad_z.to(weight.dtype)
+        if ctx.softcap:  # c = s tanh(u / s); u = W h + b is still in the workspace
+            capped = spare.copy_(u).div_(ctx.softcap).tanh_()  # y
+            grad_z.mul_(ctx.softcap).mul_(capped.mul_(capped).neg_().add_(1)).div_(ctx.softcap)  # * s (1 - y^2) / s
+        grad_u = u.copy_(grad_z)  # in W's dtype, as autograd's backward of the cast to float32
         grad_hidden = (grad_u @ weight).to(hidden.dtype) if ctx.needs_input_grad[0] else None
         grad_weight = grad_u.t() @ hidden.to(weight.dtype) if ctx.needs_input_grad[1] else None  # --no-lora
         grad_bias = grad_u.sum(0) if ctx.needs_input_grad[2] else None
-        return grad_hidden, grad_weight, grad_bias, None, None, None
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None
+
+def output_workspace(rows, weight):
+    """ActionLogProb's buffers for chunks of up to `rows` rows: u [rows, V] in W's dtype, two [rows, V] float32."""
+    vocab, device = weight.shape[0], weight.device
+    return (torch.empty(rows, vocab, dtype=weight.dtype, device=device), torch.empty(rows, vocab, device=device),
+            torch.empty(rows, vocab, device=device))
 
 def sequence_log_probs(model, input_ids, attention_mask, num_actions=None, temperature=1.0):
     """Per-token log-probs [B, T] of the last T = num_actions tokens (the completion), and the policy's entropy at
     each, under softmax(logits / T), T the sampling temperature; masked positions hold 0. Only the action tokens
     reach the output layer, in chunks of at most LOGITS_CHUNK_ELEMENTS logits, each computed again in the backward
-    pass instead of stored (ActionLogProb): there is never a [batch, tokens, vocab] float32 tensor."""
+    pass instead of stored (ActionLogProb): there is never a [batch, tokens, vocab] tensor."""
     num_actions = num_actions or input_ids.shape[1] - 1
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     half = model.get_input_embeddings().weight.dtype == torch.bfloat16  # bf16 model: LoRA's products in bf16, its
@@ -414,7 +432,8 @@ def sequence_log_probs(model, input_ids, attention_mask, num_actions=None, tempe
     actions = input_ids[:, -num_actions:][action_mask]  # [N]
     lm_head, softcap = output_layer(model)
     chunk = max(1, LOGITS_CHUNK_ELEMENTS // model.config.vocab_size)  # rows per chunk
-    log_probs, entropy = zip(*[ActionLogProb.apply(h, lm_head.weight, lm_head.bias, a, softcap, temperature)
+    work = output_workspace(min(chunk, len(hidden)), lm_head.weight)  # shared by the chunks' forward and backward
+    log_probs, entropy = zip(*[ActionLogProb.apply(h, lm_head.weight, lm_head.bias, a, softcap, temperature, work)
                                for h, a in zip(hidden.split(chunk), actions.split(chunk))])
     zeros = torch.zeros(action_mask.shape, device=hidden.device)
     return zeros.masked_scatter(action_mask, torch.cat(log_probs)), zeros.masked_scatter(action_mask, torch.cat(entropy))

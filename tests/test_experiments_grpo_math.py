@@ -88,15 +88,16 @@ def two_sequences(tokenizer):
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_each_chunks_logits_are_computed_once_a_pass_and_the_entropy_is_exact(tiny, monkeypatch, temperature):
     """ActionLogProb computes each chunk's logits on the forward pass (log-probs and entropy) and once more in the
-    backward pass (the gradient), keeping none between the passes; the entropy, logged only, carries no gradient
-    and equals -sum p log p of the full softmax(logits / T)."""
+    backward pass (the gradient), keeping none between the passes, every pass in the same workspace; the entropy,
+    logged only, carries no gradient and equals -sum p log p of the full softmax(logits / T)."""
     experiment, model, tokenizer = tiny
     monkeypatch.setattr(experiment, "LOGITS_CHUNK_ELEMENTS", 50)  # many chunks
-    seen, original = [], experiment.output_logits
+    seen, workspaces, original = [], set(), experiment.output_logits
 
-    def spy(hidden, *args):
+    def spy(hidden, weight, bias, softcap, temperature, work):
         seen.append(hidden.shape[0])
-        return original(hidden, *args)
+        workspaces.add(tuple(buffer.data_ptr() for buffer in work))
+        return original(hidden, weight, bias, softcap, temperature, work)
 
     monkeypatch.setattr(experiment, "output_logits", spy)
     model.train()
@@ -107,6 +108,7 @@ def test_each_chunks_logits_are_computed_once_a_pass_and_the_entropy_is_exact(ti
     assert log_probs.requires_grad and not entropy.requires_grad
     log_probs.sum().backward()
     assert sorted(seen[len(forward):]) == sorted(forward)  # each chunk once more, in the backward pass
+    assert len(workspaces) == 1
     with torch.no_grad():
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
         logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids).logits.float()[:, -num_actions - 1 : -1]
@@ -129,7 +131,8 @@ def test_action_log_prob_gradient_is_written_out_right(experiment, dtype, softca
     actions = torch.tensor([0, 999, 5, 5, 500, 17])
     upstream = torch.randn(6)
     inputs = [hidden, layer.weight, layer.bias]
-    ours, entropy = experiment.ActionLogProb.apply(hidden, layer.weight, layer.bias, actions, softcap, temperature)
+    work = experiment.output_workspace(8, layer.weight)  # more rows than the chunk: its views are taken
+    ours, entropy = experiment.ActionLogProb.apply(hidden, layer.weight, layer.bias, actions, softcap, temperature, work)
     grads_ours = torch.autograd.grad(ours, inputs, upstream)
     z = layer(hidden).float()
     if softcap:
@@ -145,7 +148,8 @@ def test_action_log_prob_gradient_is_written_out_right(experiment, dtype, softca
     small = [torch.randn(shape, requires_grad=True) for shape in [(3, 4), (7, 4), (7,)]]  # float32: the logits are
     with pytest.warns(UserWarning, match="double precision"):  # so the finite differences are coarse
         assert torch.autograd.gradcheck(
-            lambda h, w, b: experiment.ActionLogProb.apply(h, w, b, torch.tensor([1, 6, 0]), softcap and 2.0, temperature)[0],
+            lambda h, w, b: experiment.ActionLogProb.apply(h, w, b, torch.tensor([1, 6, 0]), softcap and 2.0, temperature,
+                                                           experiment.output_workspace(3, w))[0],
             small, eps=1e-2, atol=1e-2, rtol=1e-2)
 
 
