@@ -173,6 +173,28 @@ def test_log_probs_equal_naive_log_softmax(tiny, monkeypatch, chunk_elements):
         assert (a is None and b is None) or torch.allclose(a, b, atol=1e-5)
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_full_fine_tuning_gradients_reach_the_output_layer(experiment, tiny_model_dir, monkeypatch, tied):
+    """--no-lora trains every weight: ActionLogProb's written-out dL/dW reaches the output layer, added to the
+    embedding's own gradient when the two are one tied matrix, and every gradient equals autograd's through the
+    textbook log-softmax."""
+    args = experiment.parse_args(["--model-name", str(tiny_model_dir), "--device", "cpu", "--quantization", "none",
+                                  "--dtype", "float32", "--no-lora"])
+    model, tokenizer = experiment.load_model(args)
+    if tied:
+        model.lm_head.weight = model.get_input_embeddings().weight
+    monkeypatch.setattr(experiment, "LOGITS_CHUNK_ELEMENTS", 50)  # many chunks
+    model.train()
+    ids, mask, num_actions, _ = two_sequences(tokenizer)
+    params = [p for p in model.parameters() if p.requires_grad]
+    assert any(p is model.lm_head.weight for p in params) and len(params) == len(list(model.parameters()))
+    ours = torch.autograd.grad(experiment.sequence_log_probs(model, ids, mask, num_actions)[0].sum(), params)
+    theirs = torch.autograd.grad(naive_log_probs(model, ids, mask, num_actions).sum(), params)
+    for p, a, b in zip(params, ours, theirs):
+        assert torch.allclose(a, b, atol=1e-5), p.shape
+    assert ours[[i for i, p in enumerate(params) if p is model.lm_head.weight][0]].abs().sum() > 0
+
+
 def test_bfloat16_model_takes_lora_products_in_bfloat16(experiment, tiny_model_dir):
     """A bf16 model (what --dtype auto picks on a CPU with AVX512-BF16, or on a GPU): sequence_log_probs runs the
     LoRA products in bf16 as well, as QLoRA trains, while the adapter's weights and their gradients stay float32.
