@@ -482,6 +482,7 @@ def train_step(model, batch, args, optimizer, scheduler, accelerator, reference=
     Returns the statistics to log, averaged over the updates."""
     ids, attention, action_mask, advantages = batch
     n, num_actions = ids.shape[0], action_mask.shape[1]
+    half = model.get_input_embeddings().weight.dtype == torch.bfloat16  # LoRA's inputs uncast, as in sequence_log_probs
     micro_batches = torch.arange(n).split(args.train_batch_size)  # for the passes without gradients
     k = args.gradient_accumulation_steps
 
@@ -524,7 +525,8 @@ def train_step(model, batch, args, optimizer, scheduler, accelerator, reference=
                     loss, stats = grpo_loss(log_probs, old_log_probs[idx], advantages[idx], action_mask[idx], args.clip_eps,
                                             None if ref_log_probs is None else ref_log_probs[idx], args.kl_weight)
                     # accelerator.backward divides by K: times K, the mean over the mini-batch's sequences, accumulated
-                    accelerator.backward(loss * k * len(idx) / size)
+                    with uncast_lora_inputs(model, half):  # and in checkpointing's recomputation
+                        accelerator.backward(loss * k * len(idx) / size)
                 share = len(idx) / size / (args.epochs_per_step * len(mini_batches))  # of the step's logged means
                 stats.update(loss=loss.item(), entropy=masked_mean(entropy, action_mask[idx]).item())
                 for name in logged:
@@ -882,9 +884,9 @@ def resolve_dtype(name, device):
 def uncast_lora_inputs(model, active):
     """Under autocast, stop peft from casting each LoRA layer's bf16 input to its float32 weights' dtype: autocast
     casts it straight back to bf16 for the product, so the round trip only copies tensors as wide as the layer's
-    input (2,048 at Gemma-3's down projection); the values are the same bits (tested). For the forward pass: the
-    recomputation under gradient checkpointing keeps the cast (off there too, the peak memory measured no lower).
-    README, "Training against the machine's peak"."""
+    input (2,048 at Gemma-3's down projection); the values are the same bits (tested). sequence_log_probs switches
+    it off for its forward pass, train_step for the backward pass, where gradient checkpointing computes each
+    layer's forward again. README, "Training against the machine's peak"."""
     from peft.helpers import disable_input_dtype_casting
 
     return disable_input_dtype_casting(model, active)  # on every LoRA layer inside model; none: nothing to do

@@ -490,6 +490,7 @@ def train_step(policy, batch, args, optimizer, scheduler, accelerator, total, re
     n, num_actions = ids.shape[0], action_mask.shape[1]  # n: this process's sequences
     micro_batches = torch.arange(n).split(args.train_batch_size)  # for the passes without gradients
     model = accelerator.unwrap_model(policy).model  # the same weights without DDP, for the no-grad forward
+    half = model.get_input_embeddings().weight.dtype == torch.bfloat16  # LoRA's inputs uncast, as in sequence_log_probs
 
     ref_log_probs = None
     if args.kl_weight > 0:  # pi_ref, once per rollout; skipped entirely when beta = 0
@@ -527,7 +528,8 @@ def train_step(policy, batch, args, optimizer, scheduler, accelerator, total, re
                                             None if ref_log_probs is None else ref_log_probs[idx], args.kl_weight)
                     # DDP averages the W processes' gradients; a sequence weighing W / total makes that average the
                     # gradient of the mean over all the step's sequences, however many each process holds
-                    accelerator.backward(loss * len(idx) * accelerator.num_processes / total)
+                    with uncast_lora_inputs(model, half):  # and in checkpointing's recomputation
+                        accelerator.backward(loss * len(idx) * accelerator.num_processes / total)
                 share = len(idx) / total / (args.epochs_per_step * len(mini_batches))  # of the step, over all processes
                 stats.update(loss=loss.item(), entropy=masked_mean(entropy, action_mask[idx]).item())
                 for name in logged:
@@ -887,9 +889,9 @@ def resolve_dtype(name, device):
 def uncast_lora_inputs(model, active):
     """Under autocast, stop peft from casting each LoRA layer's bf16 input to its float32 weights' dtype: autocast
     casts it straight back to bf16 for the product, so the round trip only copies tensors as wide as the layer's
-    input (2,048 at Gemma-3's down projection); the values are the same bits (tested). For the forward pass: the
-    recomputation under gradient checkpointing keeps the cast (off there too, the peak memory measured no lower).
-    README, "Training against the machine's peak"."""
+    input (2,048 at Gemma-3's down projection); the values are the same bits (tested). sequence_log_probs switches
+    it off for its forward pass, train_step for the backward pass, where gradient checkpointing computes each
+    layer's forward again. README, "Training against the machine's peak"."""
     from peft.helpers import disable_input_dtype_casting
 
     return disable_input_dtype_casting(model, active)  # on every LoRA layer inside model; none: nothing to do

@@ -701,6 +701,7 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
     outcome rewards (minus the group mean), made into per-token advantages here."""
     ids, attention, action_mask, advantages = batch
     n, num_actions = ids.shape[0], action_mask.shape[1]
+    half = model.get_input_embeddings().weight.dtype == torch.bfloat16  # LoRA's inputs uncast, as in sequence_log_probs
     micro_batches = torch.arange(n).split(args.train_batch_size)  # for the passes without gradients
     reinforce = args.algorithm in ("reinforce_pp", "reinforce_pp_baseline")
 
@@ -766,7 +767,8 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
                 # The micro-batch's share of its mini-batch, in sequences (a mean over sequences) or in action tokens
                 # (a mean over tokens: DAPO, CISPO, REINFORCE++): the weighted sum is the mean over the mini-batch.
                 part = action_mask[idx].sum().item() / tokens if token_level else len(idx) / size
-                (loss * part).backward()  # the mean over the mini-batch, accumulated
+                with uncast_lora_inputs(model, half):  # and in checkpointing's recomputation
+                    (loss * part).backward()  # the mean over the mini-batch, accumulated
                 share = part / (args.epochs_per_step * len(mini_batches))  # of the step's logged means
                 stats.update(loss=loss.item())
                 for name in logged:
@@ -1150,9 +1152,9 @@ def resolve_dtype(name, device):
 def uncast_lora_inputs(model, active):
     """Under autocast, stop peft from casting each LoRA layer's bf16 input to its float32 weights' dtype: autocast
     casts it straight back to bf16 for the product, so the round trip only copies tensors as wide as the layer's
-    input (2,048 at Gemma-3's down projection); the values are the same bits (tested). For the forward pass: the
-    recomputation under gradient checkpointing keeps the cast (off there too, the peak memory measured no lower).
-    README, "Training against the machine's peak"."""
+    input (2,048 at Gemma-3's down projection); the values are the same bits (tested). sequence_log_probs switches
+    it off for its forward pass, train_step for the backward pass, where gradient checkpointing computes each
+    layer's forward again. README, "Training against the machine's peak"."""
     from peft.helpers import disable_input_dtype_casting
 
     return disable_input_dtype_casting(model, active)  # on every LoRA layer inside model; none: nothing to do

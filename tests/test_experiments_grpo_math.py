@@ -580,3 +580,21 @@ def test_zero_advantages_are_left_out_and_the_update_is_the_same(module_name, op
         assert all(state["step"] == args.updates_per_step for state in optimizer.state.values())
         assert ("entropy" in stats) == (sum(ran) > 0) and stats["loss"] == pytest.approx(stats["loss"])
     assert all(torch.allclose(a, b, atol=1e-7, rtol=0) for a, b in zip(*weights))  # float32 rounding apart
+
+
+def test_bfloat16_train_step_leaves_lora_inputs_uncast_in_the_recomputation_too(single, monkeypatch):
+    """In a bf16 model every LoRA layer's input reaches lora_A in bf16 during a train step: in each forward pass
+    (sequence_log_probs) and in the backward pass, where gradient checkpointing computes each layer's forward again
+    (train_step); without the switch in the backward pass, peft's cast hands the recomputation's lora_A float32."""
+    module, model_dir = single
+    args, model, batch, optimizer, scheduler = step_setup(module, model_dir, "--dtype", "bfloat16")
+    assert args.gradient_checkpointing
+    model.train()  # as main() runs train_step: checkpointing recomputes only in training mode
+    seen = []
+    for name, layer in model.named_modules():
+        if name.endswith("lora_A.default"):
+            layer.register_forward_hook(lambda layer, inputs, output: seen.append(inputs[0].dtype))
+    module.train_step(model, batch, args, optimizer, scheduler)
+    lora_layers = sum(name.endswith("lora_A.default") for name, _ in model.named_modules())
+    assert len(seen) == 2 * lora_layers  # the forward pass and its recomputation (beta > 0: the reference runs none)
+    assert set(seen) == {torch.bfloat16}
