@@ -221,8 +221,8 @@ def test_bfloat16_model_takes_lora_products_in_bfloat16(experiment, tiny_model_d
 
 def test_bfloat16_lora_inputs_reach_the_adapter_uncast_and_nothing_changes(experiment, tiny_model_dir, monkeypatch):
     """Under the bf16 autocast, peft would cast each LoRA layer's bf16 input to the adapter's float32 and autocast
-    cast it straight back: sequence_log_probs switches that cast off for its forward pass (uncast_lora_inputs; the
-    recomputation under gradient checkpointing, in the backward pass, keeps it). The input reaches lora_A in bf16,
+    cast it straight back: sequence_log_probs switches that cast off for its forward pass (uncast_lora_inputs;
+    train_step for the backward pass too, tested below). The input reaches lora_A in bf16,
     and the log-probs and every gradient are the same bits as with peft's round trip; afterwards the cast is on
     again, so that a forward pass outside autocast (the sampler's) still runs."""
     args = experiment.parse_args(["--model-name", str(tiny_model_dir), "--device", "cpu", "--quantization", "none",
