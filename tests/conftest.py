@@ -5,6 +5,7 @@ chat template, so prompts are formatted the way an instruct model's would be.
 """
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -41,6 +42,10 @@ USER_ONLY_TEMPLATE = (
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One thread per process, set before torch is imported (by the test files, after this one) and inherited by each
+# subprocess a test starts: the suite runs in two worker processes (pytest.ini), and the tiny models' operations
+# gain nothing from a second thread.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def build_tiny_model(folder, seed=0):
@@ -204,6 +209,15 @@ def run_command(command, timeout=HANG_GUARD_SECONDS, cwd=ROOT, env=None):
 def run_script(script, *args, timeout=HANG_GUARD_SECONDS, cwd=ROOT, env=None):
     """Run a Python script in a fresh interpreter: run_command on `python script args`."""
     return run_command([sys.executable, script, *args], timeout, cwd, env)
+
+
+@functools.lru_cache(maxsize=None)
+def help_text(experiment):
+    """`python EXPERIMENT/train.py --help` on a wide terminal (no option's name wrapped), run once per experiment
+    for the whole suite: the tests that read the help share its output instead of each starting an interpreter."""
+    result = run_script(ROOT / experiment / "train.py", "--help", env={"COLUMNS": "300"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
 
 
 def tensorboard_scalars(log_dir):

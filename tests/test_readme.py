@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from conftest import EXPERIMENTS, ROOT, run_script
+from conftest import EXPERIMENTS, ROOT, help_text
 
 
 def test_ci_runs_the_readme_test_command():
@@ -18,8 +18,7 @@ def test_ci_runs_the_readme_test_command():
 def options(experiment):
     """The options argparse lists in --help (where a line starts with one, or after ', ' for an alias); a wide
     terminal keeps it from wrapping an option's name."""
-    help_text = run_script(ROOT / experiment / "train.py", "--help", env={"COLUMNS": "300"}).stdout
-    return set(re.findall(r"(?:^ +|, )(--[a-z][a-z0-9-]*[a-z0-9])\b", help_text, re.MULTILINE)) - {"--help"}
+    return set(re.findall(r"(?:^ +|, )(--[a-z][a-z0-9-]*[a-z0-9])\b", help_text(experiment), re.MULTILINE)) - {"--help"}
 
 
 def test_every_base_option_is_documented():
