@@ -118,6 +118,26 @@ def test_each_chunks_logits_are_computed_once_a_pass_and_the_entropy_is_exact(ti
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_samplers_logits_are_the_output_layers(experiment, dtype, bias):
+    """output_logits without a workspace (the sampler's, taken as W h^T): float32 rows [N, V], contiguous, equal to
+    the output layer's own product (to float32 rounding; bf16's own rounding), soft-capped and divided by T."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(16, 1000, bias=bias).to(dtype)
+    for rows in (1, 2, 5):
+        hidden = torch.randn(rows, 16).to(dtype)
+        for softcap, temperature in ((None, 1.0), (30.0, 0.7)):
+            ours = experiment.output_logits(hidden, layer.weight, layer.bias, softcap, temperature)
+            theirs = layer(hidden).float()
+            if softcap:
+                theirs = torch.tanh(theirs / softcap) * softcap
+            theirs = theirs / temperature
+            assert ours.dtype == torch.float32 and ours.shape == (rows, 1000) and ours.is_contiguous()
+            tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+            assert torch.allclose(ours, theirs, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("softcap", [None, 30.0])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_action_log_prob_gradient_is_written_out_right(experiment, dtype, softcap, temperature):
