@@ -167,8 +167,8 @@ def output_logits(hidden, weight, bias=None, softcap=None, temperature=1.0, work
     if work is None:  # u = W h + b, taken as W [V, H] x h^T [H, N]: for a few rows (the sampler's) PyTorch's CPU
         # float32 kernel of h W^T was 2 to 4 times slower at V = 262k (README, Sampling as completions end)
         u = weight @ x.t() if bias is None else torch.addmm(bias[:, None], weight, x.t())
-        logits = u.t().contiguous().float()  # [N, V], each row contiguous for the softmax over it
-    else:  # the same product, into the workspace
+        logits = x.new_empty(len(x), len(weight), dtype=torch.float32).copy_(u.t())  # [N, V], rows contiguous: one copy
+    else:  # as h W^T, nn.Linear's own product and bits (ActionLogProb's tests hold it to them), into the workspace
         u = work[0][: len(x)]
         torch.mm(x, weight.t(), out=u) if bias is None else torch.addmm(bias, x, weight.t(), out=u)
         logits = work[1][: len(x)].copy_(u)

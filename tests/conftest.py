@@ -43,8 +43,8 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # One thread per process, set before torch is imported (by the test files, after this one) and inherited by each
-# subprocess a test starts: the suite runs in two worker processes (pytest.ini), and the tiny models' operations
-# gain nothing from a second thread.
+# subprocess a test starts: the suite runs in two worker processes (pytest.ini), and most of a test is Python and
+# imports, which a second thread does not speed up (README, Tests).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
