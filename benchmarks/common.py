@@ -126,8 +126,9 @@ def project_steps(base, options, tasks, args, profile=None):
         started = time.perf_counter()
         model.eval()
         start = min(step, args.steps - 1) * args.prompts  # the profiled extra step takes the last step's prompts
-        result = base.rollout(model, tokenizer, tasks[start : start + args.prompts], args.group_size,
-                              args.max_new_tokens, generation_batch_size=options.generation_batch_size)
+        with base.sampling_weights(model, options):  # as train.py samples: 4-bit weights dequantized once a rollout
+            result = base.rollout(model, tokenizer, tasks[start : start + args.prompts], args.group_size,
+                                  args.max_new_tokens, generation_batch_size=options.generation_batch_size)
         sampled = time.perf_counter()
         if cuda:
             peaks.update(gpu_peaks(torch, "sampling"))

@@ -5,7 +5,8 @@ downloaded: memory does not depend on the values), loads it the way experiment_b
 (4-bit NF4 with double quantization, bfloat16 compute, LoRA rank 16 on every linear layer, gradient
 checkpointing), and measures on the CPU:
 
-  * the quantized model's bytes (bitsandbytes' own footprint) and the LoRA parameters;
+  * the quantized model's bytes (bitsandbytes' own footprint), the LoRA parameters and the 4-bit layers'
+    weights (sampling holds them dequantized to bfloat16: --sampling-weights);
   * the KV cache bytes per token, from a real cache after a prefill;
   * the bytes autograd saves for the backward pass per token, with checkpointing (what the whole
     forward keeps) and for one decoder layer without it (what the backward pass recomputes at a time),
@@ -83,6 +84,8 @@ def measure(args):
         model, _ = base.load_model(options)
     layers = config.num_hidden_layers
     weights = model.get_memory_footprint()
+    quantized = sum(m.weight.quant_state.shape.numel() for m in model.modules() if hasattr(getattr(m, "weight", None), "quant_state")
+                    and not hasattr(m, "base_layer"))  # the 4-bit layers' weights (peft's LoRA wrappers share theirs)
     lora = sum(p.numel() for p in model.parameters() if p.requires_grad)
     ids = torch.randint(0, config.vocab_size, (1, args.measure_tokens))
     mask = torch.ones_like(ids)
@@ -101,7 +104,7 @@ def measure(args):
     model.eval()  # checkpointing is off outside training mode: the layer keeps all it needs, as when recomputed
     recompute = saved_bytes(lambda: layer(hidden, attention_mask=None, position_embeddings=rotary,
                                           position_ids=positions), model) / args.measure_tokens
-    return {"weights": weights, "lora_params": lora, "kv_per_token": kv, "checkpoint_per_token": keep,
+    return {"weights": weights, "lora_params": lora, "quantized_params": quantized, "kv_per_token": kv, "checkpoint_per_token": keep,
             "layer_recompute_per_token": recompute, "layers": layers, "vocab": config.vocab_size,
             "measured_layers": layers, "full_layers": LLAMA_3_2_1B["num_hidden_layers"]}
 
@@ -116,6 +119,7 @@ def estimate(parts, args):
     sampling = {
         "weights (4-bit NF4 + bf16 embeddings/norms)": parts["weights"],
         "LoRA weights, gradients, 8-bit AdamW": optimizer,
+        "4-bit layers dequantized to bf16 (--sampling-weights auto/dequantized)": parts["quantized_params"] * scale * 2,
         "KV cache": parts["kv_per_token"] * scale * args.generation_batch_size * sequence,
         "next-token logits, probabilities, CDF (fp32)": 3 * 4 * args.generation_batch_size * vocab,
     }

@@ -494,8 +494,9 @@ def dynamic_sampling(model, tokenizer, train_tasks, result, position, args, scor
             break
         extra_rounds += 1
         tasks, position = next_prompts(train_tasks, missing, position, args.seed)
-        result = rollout(model, tokenizer, tasks, args.group_size, args.max_length, args.temperature, args.top_p,
-                         args.generation_batch_size, score)
+        with sampling_weights(model, args):  # 4-bit weights dequantized once, not at every token
+            result = rollout(model, tokenizer, tasks, args.group_size, args.max_length, args.temperature, args.top_p,
+                             args.generation_batch_size, score)
         result = with_overlong_penalty(result, args)
     return (concat_rollouts(kept, tokenizer.pad_token_id) if kept else None), position, dropped, extra_rounds, missing
 
@@ -799,8 +800,9 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
 def evaluate(model, tokenizer, tasks, args, score):
     """Greedy accuracy (the share of exactly right answers) and format rate on held-out tasks."""
     model.eval()
-    result = rollout(model, tokenizer, tasks, group_size=1, max_length=args.max_length, temperature=0,
-                     generation_batch_size=args.generation_batch_size, score=score)
+    with sampling_weights(model, args):  # 4-bit weights dequantized once, not at every token
+        result = rollout(model, tokenizer, tasks, group_size=1, max_length=args.max_length, temperature=0,
+                         generation_batch_size=args.generation_batch_size, score=score)
     return {"eval/accuracy": (result.terms["correctness"] == 1).float().mean().item(),
             "eval/format_rate": result.terms["format"].mean().item()}
 
@@ -845,8 +847,9 @@ def run(args):
 
             # Rollout: sample a group of completions per prompt and score them.
             model.eval()
-            result = rollout(model, tokenizer, tasks, args.group_size, args.max_length, args.temperature, args.top_p,
-                             args.generation_batch_size, score)
+            with sampling_weights(model, args):  # 4-bit weights dequantized once, not at every token
+                result = rollout(model, tokenizer, tasks, args.group_size, args.max_length, args.temperature, args.top_p,
+                                 args.generation_batch_size, score)
             rollout_seconds = time.perf_counter() - started
             result = with_overlong_penalty(result, args)  # DAPO: completions near or at the budget lose reward
             rewards = result.rewards.view(-1, args.group_size)
@@ -894,7 +897,7 @@ def run(args):
 
 # ---- Plumbing: nothing below this line changes the algorithm ----
 
-import csv, fcntl, glob, hashlib, http.client, importlib, inspect, json, logging, os, pickle, resource  # noqa: E401,E402
+import csv, fcntl, functools, glob, hashlib, http.client, importlib, inspect, json, logging, os, pickle, resource  # noqa: E401,E402
 import shutil, signal, tempfile, textwrap, threading, urllib.error, urllib.request  # noqa: E401,E402
 
 CACHE_DIR = Path(os.environ.get("TINY_GRPO_CACHE", Path.home() / ".cache" / "tiny-grpo"))
@@ -994,6 +997,10 @@ def add_setup_options(p):
     g.add_argument("--quantization", choices=["4bit", "8bit", "none"], **by_device("quantization", "base weights"))
     g.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
                    help="compute dtype; auto is bfloat16 where the hardware has it, else float16 on CUDA, float32 on CPU")
+    g.add_argument("--sampling-weights", default="auto", choices=["auto", "dequantized", "4bit"],
+                   help="with --quantization 4bit: sample from the weights dequantized to --dtype once per rollout (the "
+                   "same products, without a dequantization at every token) or from the 4-bit ones; auto dequantizes "
+                   "when that copy takes at most a quarter of the free memory (the GPU's, or the host's)")
     g.add_argument("--no-lora", dest="lora", action="store_false",
                    help="train every weight instead of a LoRA adapter (needs --quantization none); lora=%(default)s by default")
     g.add_argument("--lora-r", type=integer("[1, inf)"), default=16, help="LoRA rank")
@@ -1071,6 +1078,8 @@ def complete_args(args, parser):
                      "sequences (rollouts-per-step x group-size) to split into mini-batches")
     if not args.lora and args.quantization != "none":
         parser.error("--no-lora trains every weight, which quantized weights cannot do: add --quantization none")
+    if args.sampling_weights == "dequantized" and args.quantization != "4bit":
+        parser.error(f"--sampling-weights dequantized needs --quantization 4bit (it is {args.quantization})")
     try:
         parse_weights(args.reward_weights)
     except ValueError as e:
@@ -1181,6 +1190,49 @@ def keep_quantized_layout(model):
     for module in model.modules():
         if hasattr(module, "support_avx512bf16_for_cpu"):
             module.support_avx512bf16_for_cpu = False
+
+@contextlib.contextmanager
+def sampling_weights(model, args):
+    """Inside: every 4-bit layer multiplies by its weight dequantized once, here, instead of dequantizing it again at
+    every token (bitsandbytes dequantizes, then multiplies: the same product). On a GPU a decode step is mostly kernel
+    launches (README: where sampling's time goes); this takes bitsandbytes' own out of each. The copy costs 2 bytes a
+    weight in bfloat16: --sampling-weights auto takes it when it fits in a quarter of the free memory."""
+    if args.quantization != "4bit" or args.sampling_weights == "4bit":
+        yield
+        return
+    import bitsandbytes
+
+    layers = [m for m in model.modules() if isinstance(m, bitsandbytes.nn.Linear4bit)]  # not peft's LoRA around them
+    dtype = next((m.compute_dtype for m in layers if m.compute_dtype is not None), torch.float32)
+    size = sum(m.weight.quant_state.shape.numel() for m in layers) * dtype.itemsize  # bytes of the dequantized copy
+    if args.sampling_weights == "auto" and size > free_memory(args.device) / 4:
+        yield
+        return
+
+    def forward(layer, weight, x):  # Linear4bit.forward with the product it computes: x in the compute dtype, W x + b
+        bias = None if layer.bias is None else layer.bias.to(weight.dtype)
+        return torch.nn.functional.linear(x.to(weight.dtype), weight, bias).to(x.dtype)
+
+    for layer in layers:  # an instance attribute shadows the class's forward until it is deleted
+        weight = bitsandbytes.functional.dequantize_4bit(layer.weight.data, layer.weight.quant_state).to(dtype)
+        layer.forward = functools.partial(forward, layer, weight)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            del layer.forward
+
+def free_memory(device):
+    """Bytes free for a new tensor: the GPU's free memory and what PyTorch's allocator holds unused, or the host's
+    MemAvailable (0 where /proc/meminfo is absent: then nothing is copied)."""
+    if str(device).startswith("cuda"):
+        free, _ = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return 0
 
 # -- data
 

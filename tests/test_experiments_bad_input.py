@@ -54,6 +54,8 @@ def test_missing_data_file(task_experiment, tmp_path, capsys):
     (["--lora-dropout", "1.5"], "argument --lora-dropout: must be a finite number in [0, 1), got 1.5"),
     (["--lr", "fast"], "argument --lr: invalid float value: 'fast'"),
     (["--no-lora", "--quantization", "4bit"], "--no-lora trains every weight"),
+    (["--sampling-weights", "fast"], "argument --sampling-weights: invalid choice: 'fast'"),
+    (["--sampling-weights", "dequantized", "--quantization", "none"], "--sampling-weights dequantized needs --quantization 4bit (it is none)"),
     (["--filter", "num_terms"], "argument --filter: expected FIELD=V1,V2, got 'num_terms'"),
     (["--max-steps", "0"], "argument --max-steps: must be an integer in [1, inf), got 0"),
     (["--max-steps", "2.5"], "argument --max-steps: invalid int value: '2.5'"),

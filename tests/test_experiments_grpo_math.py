@@ -2,6 +2,7 @@
 
 import contextlib
 import math
+import os
 
 import pytest
 import torch
@@ -367,6 +368,68 @@ def test_quantized_gradients_survive_an_eval_forward(experiment, tiny_model_dir,
     assert first_layer and all(before[n].abs().sum() > 0 for n in first_layer)
     for name in before:
         assert torch.allclose(before[name], after[name], atol=1e-6), name
+
+
+def load_4bit(experiment, model_dir, dtype, *extra):
+    """(args, model, tokenizer, the bitsandbytes 4-bit layers): the tiny model in 4-bit NF4 on CPU, in eval mode."""
+    import bitsandbytes
+
+    args = experiment.parse_args(["--model-name", str(model_dir), "--device", "cpu", "--quantization", "4bit",
+                                  "--dtype", dtype, *extra])
+    torch.manual_seed(0)
+    model, tokenizer = experiment.load_model(args)
+    return args, model.eval(), tokenizer, [m for m in model.modules() if isinstance(m, bitsandbytes.nn.Linear4bit)]
+
+
+def swapped(model):
+    """The layers whose forward sampling_weights has replaced (an instance attribute over the class's)."""
+    return sum("forward" in vars(m) for m in model.modules())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_dequantized_sampling_weights_are_the_4bit_layers_products(experiment, tiny_model_dir, dtype):
+    """--sampling-weights dequantized: inside sampling_weights each 4-bit layer multiplies by its weight dequantized
+    once; bitsandbytes dequantizes and multiplies too, so the logits are the same bits. On leaving, every layer is
+    its own 4-bit layer again (training needs bitsandbytes' backward)."""
+    args, model, tokenizer, layers = load_4bit(experiment, tiny_model_dir, dtype, "--sampling-weights", "dequantized")
+    batch = tokenizer(["12+34=46", "9*9=81xx", "7-2"], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        before = model(**batch).logits
+        with experiment.sampling_weights(model, args):
+            assert len(layers) == 14 and swapped(model) == 14  # 2 layers x 7 linear layers; LoRA's wrappers untouched
+            inside, one_row = model(**batch).logits, model(input_ids=batch.input_ids[:1, -1:]).logits
+        after, one_row_4bit = model(**batch).logits, model(input_ids=batch.input_ids[:1, -1:]).logits
+    assert swapped(model) == 0
+    assert torch.equal(inside, before) and torch.equal(after, before) and torch.equal(one_row, one_row_4bit)
+
+
+def test_sampling_weights_auto_copies_when_a_quarter_of_the_free_memory_holds_it(experiment, tiny_model_dir, monkeypatch):
+    args, model, _, layers = load_4bit(experiment, tiny_model_dir, "float32")
+    assert args.sampling_weights == "auto"
+    size = sum(m.weight.quant_state.shape.numel() for m in layers) * 4  # bytes of the float32 copy
+
+    def layers_swapped(free):
+        monkeypatch.setattr(experiment, "free_memory", lambda device: free)
+        with experiment.sampling_weights(model, args):
+            return swapped(model)
+
+    assert layers_swapped(4 * size) == 14 and layers_swapped(4 * size - 1) == 0
+    args.sampling_weights = "4bit"
+    assert layers_swapped(10**15) == 0
+    monkeypatch.undo()
+    assert 0 < experiment.free_memory("cpu") <= os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")  # MemAvailable
+
+
+def test_a_rollout_from_dequantized_weights_draws_the_same_tokens(task_experiment, tiny_model_dir):
+    args, model, tokenizer, _ = load_4bit(task_experiment, tiny_model_dir, "bfloat16", "--sampling-weights", "dequantized")
+    tasks = [{"prompt": tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
+                                                      add_generation_prompt=True), "answer": "5"} for q in ("2+3", "4*4", "9-1")]
+    sampled = []
+    for dequantized in (False, True):
+        torch.manual_seed(0)
+        with task_experiment.sampling_weights(model, args) if dequantized else contextlib.nullcontext():
+            sampled.append(task_experiment.rollout(model, tokenizer, tasks, 4, 24).sequence_ids)
+    assert torch.equal(sampled[0], sampled[1])
 
 
 # ---- exactness: each test below failed on the code before the fixes it names ----
