@@ -71,6 +71,24 @@ def test_the_sampler_draws_each_token_at_its_probability():
     assert torch.allclose(shares.cpu(), torch.tensor([0.5, 0.3, 0.2]), atol=0.02)
 
 
+def test_sampling_weights_on_cuda(base_on_cuda):
+    """--sampling-weights auto on the GPU: the free memory read from CUDA, the 4-bit layers dequantized inside and
+    restored after, logits as bitsandbytes' own within bfloat16 rounding (for a few rows bitsandbytes may take its
+    fused kernel, which rounds otherwise). Written after the lease of 2026-11-26 ended: not yet run on a GPU."""
+    base, args, model, tokenizer = base_on_cuda
+    assert args.sampling_weights == "auto"
+    assert 0 < base.free_memory(args.device) <= torch.cuda.get_device_properties(0).total_memory
+    batch = tokenizer(["What is 2+3? <answer>5</answer>", "What is 4*4?"], return_tensors="pt", padding=True).to("cuda")
+    model.eval()
+    with torch.no_grad():
+        quantized = model(**batch).logits.float()
+        with base.sampling_weights(model, args):
+            assert sum("forward" in vars(m) for m in model.modules()) == 14  # 2 layers x 7 linear layers
+            dequantized = model(**batch).logits.float()
+    assert sum("forward" in vars(m) for m in model.modules()) == 0
+    assert torch.allclose(dequantized, quantized, atol=0.05, rtol=0.05)
+
+
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_two_steps_then_a_resume(name, tiny_model_dir, tmp_path):
     """Each experiment as a user runs it on one GPU: two 4-bit steps, a checkpoint, and a third step from it."""
