@@ -1075,11 +1075,14 @@ def sampling_weights(model, args):
             del layer.forward
 
 def free_memory(device):
-    """Bytes free for a new tensor: the GPU's free memory and what PyTorch's allocator holds unused, or the host's
-    MemAvailable (0 where /proc/meminfo is absent: then nothing is copied)."""
+    """Bytes free for a new tensor: the GPU's free memory and what PyTorch's allocator holds unused, within this
+    process's share of the GPU (torch.cuda.set_per_process_memory_fraction), or the host's MemAvailable (0 where
+    /proc/meminfo is absent: then nothing is copied)."""
     if str(device).startswith("cuda"):
-        free, _ = torch.cuda.mem_get_info(device)
-        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        free, total = torch.cuda.mem_get_info(device)
+        share = getattr(torch.cuda, "get_per_process_memory_fraction", lambda device: 1.0)(device)
+        allocated = torch.cuda.memory_allocated(device)
+        return min(free + torch.cuda.memory_reserved(device) - allocated, share * total - allocated)
     try:
         with open("/proc/meminfo") as f:
             return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))

@@ -77,7 +77,13 @@ def test_sampling_weights_on_cuda(base_on_cuda):
     fused kernel, which rounds otherwise). Written after the lease of 2026-11-26 ended: not yet run on a GPU."""
     base, args, model, tokenizer = base_on_cuda
     assert args.sampling_weights == "auto"
-    assert 0 < base.free_memory(args.device) <= torch.cuda.get_device_properties(0).total_memory
+    total = torch.cuda.get_device_properties(0).total_memory
+    assert 0 < base.free_memory(args.device) <= total
+    torch.cuda.set_per_process_memory_fraction(0.01)  # a cap, as benchmarks/gpu_run.py --memory-cap-gb sets one
+    try:
+        assert base.free_memory(args.device) <= 0.01 * total
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
     batch = tokenizer(["What is 2+3? <answer>5</answer>", "What is 4*4?"], return_tensors="pt", padding=True).to("cuda")
     model.eval()
     with torch.no_grad():
