@@ -90,8 +90,9 @@ def checked_checkpoint(parser, path):
 def sampled(base, model, tokenizer, tasks, options, score, samples, temperature=1.0):
     """Accuracy of `samples` completions per problem at `temperature`, and pass@samples."""
     model.eval()
-    result = base.rollout(model, tokenizer, tasks, samples, options.max_length, temperature=temperature,
-                          generation_batch_size=options.generation_batch_size, score=score)
+    with base.sampling_weights(model, options):  # as train.py samples (4-bit weights dequantized once)
+        result = base.rollout(model, tokenizer, tasks, samples, options.max_length, temperature=temperature,
+                              generation_batch_size=options.generation_batch_size, score=score)
     correct = (result.terms["correctness"] == 1).view(len(tasks), samples)
     return {"sample_accuracy": correct.float().mean().item(), f"pass@{samples}": correct.any(1).float().mean().item(),
             "sample_format_rate": result.terms["format"].mean().item()}

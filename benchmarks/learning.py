@@ -143,7 +143,7 @@ def sample_at_end(args, checkpoint, train_args, seed):
     base.add_prompts(model, tokenizer, options, tasks, [])
     score = base.Scorer(options.task, options.reasoning_format, options.partial_credit)
     torch.manual_seed(options.seed)
-    with torch.no_grad():
+    with torch.no_grad(), base.sampling_weights(model, options):  # as train.py samples (4-bit weights dequantized once)
         result = base.rollout(model.eval(), tokenizer, tasks, 1, options.max_length, options.temperature, options.top_p,
                               options.generation_batch_size, score)
     return [{"question": t["question"], "answer": t["answer"], "completion": c, "correct": bool(right == 1)}
