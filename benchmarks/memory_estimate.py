@@ -73,6 +73,7 @@ def saved_bytes(function, model):
 
 
 def measure(args):
+    import bitsandbytes as bnb
     import torch
 
     base = load_experiment()
@@ -84,8 +85,7 @@ def measure(args):
         model, _ = base.load_model(options)
     layers = config.num_hidden_layers
     weights = model.get_memory_footprint()
-    quantized = sum(m.weight.quant_state.shape.numel() for m in model.modules() if hasattr(getattr(m, "weight", None), "quant_state")
-                    and not hasattr(m, "base_layer"))  # the 4-bit layers' weights (peft's LoRA wrappers share theirs)
+    quantized = sum(m.weight.quant_state.shape.numel() for m in model.modules() if isinstance(m, bnb.nn.Linear4bit))
     lora = sum(p.numel() for p in model.parameters() if p.requires_grad)
     ids = torch.randint(0, config.vocab_size, (1, args.measure_tokens))
     mask = torch.ones_like(ids)

@@ -895,9 +895,11 @@ def keep_quantized_layout(model):
 @contextlib.contextmanager
 def sampling_weights(model, args):
     """Inside: every 4-bit layer multiplies by its weight dequantized once, here, instead of dequantizing it again at
-    every token (bitsandbytes dequantizes, then multiplies: the same product). On a GPU a decode step is mostly kernel
-    launches (README: where sampling's time goes); this takes bitsandbytes' own out of each. The copy costs 2 bytes a
-    weight in bfloat16: --sampling-weights auto takes it when it fits in a quarter of the free memory."""
+    every token. bitsandbytes dequantizes, then multiplies: the same product, and on a CPU the same bits (on a GPU,
+    for a few rows, its fused kernel rounds otherwise). On a GPU a decode step is mostly kernel launches (README:
+    where sampling's time goes); this takes bitsandbytes' own out of each. The copy costs 2 bytes a weight in
+    bfloat16: --sampling-weights auto takes it when it fits in a quarter of the free memory. It is made again for
+    each rollout (the weights are frozen, but training then has the memory back)."""
     if args.quantization != "4bit" or args.sampling_weights == "4bit":
         yield
         return

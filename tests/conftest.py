@@ -75,6 +75,11 @@ def build_tiny_model(folder, seed=0):
     return Path(folder)
 
 
+def swapped(model):
+    """The layers whose forward sampling_weights has replaced (an instance attribute over the class's)."""
+    return sum("forward" in vars(m) for m in model.modules())
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))

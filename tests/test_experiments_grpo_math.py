@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from conftest import SINGLE_PROCESS, assert_seeded_shuffles, four_sequences, load_experiment, rows_per_pass
+from conftest import SINGLE_PROCESS, assert_seeded_shuffles, four_sequences, load_experiment, rows_per_pass, swapped
 
 
 def test_group_advantages_by_hand(experiment):
@@ -379,11 +379,6 @@ def load_4bit(experiment, model_dir, dtype, *extra):
     torch.manual_seed(0)
     model, tokenizer = experiment.load_model(args)
     return args, model.eval(), tokenizer, [m for m in model.modules() if isinstance(m, bitsandbytes.nn.Linear4bit)]
-
-
-def swapped(model):
-    """The layers whose forward sampling_weights has replaced (an instance attribute over the class's)."""
-    return sum("forward" in vars(m) for m in model.modules())
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
