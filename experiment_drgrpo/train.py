@@ -257,17 +257,18 @@ def output_layer(model):
 
 def output_logits(hidden, weight, bias=None, softcap=None, temperature=1.0, work=None):
     """Float32 logits z = c(W h + b) / T [N, V] of rows h [N, H]: c the Gemma-2 style soft-capping s tanh(u / s) when
-    the model has one, T the sampling temperature. Into work = (u [n, V] in W's dtype, z [n, V] float32, ...), n >= N,
-    when given (ActionLogProb's workspace), else into new tensors."""
-    x = hidden.to(weight.dtype)
-    if work is None:  # u = W h + b, taken as W [V, H] x h^T [H, N]: for a few rows (the sampler's) PyTorch's CPU
-        # float32 kernel of h W^T was 2 to 4 times slower at V = 262k (README, Sampling as completions end)
+    the model has one, T the sampling temperature. Into work = (a buffer of at least V N elements in W's dtype,
+    z [n, V] float32, ...), n >= N, when given (ActionLogProb's workspace), else into new tensors."""
+    x = hidden.to(weight.dtype)  # u = W h + b, taken as u^T = W h^T [V, N], not h W^T: at V = 262k PyTorch's CPU
+    # float32 kernel of h W^T was 2 to 4 times slower for a few rows, 1.4 for 64 (README, Training against the peak)
+    if work is None:  # the sampler's: new tensors
         u = weight @ x.t() if bias is None else torch.addmm(bias[:, None], weight, x.t())
-        logits = x.new_empty(len(x), len(weight), dtype=torch.float32).copy_(u.t())  # [N, V], rows contiguous: one copy
-    else:  # as h W^T, nn.Linear's own product and bits (ActionLogProb's tests hold it to them), into the workspace
-        u = work[0][: len(x)]
-        torch.mm(x, weight.t(), out=u) if bias is None else torch.addmm(bias, x, weight.t(), out=u)
-        logits = work[1][: len(x)].copy_(u)
+        logits = x.new_empty(len(x), len(weight), dtype=torch.float32)
+    else:  # ActionLogProb's: into its workspace (autograd is off there)
+        u = work[0].view(-1)[: len(weight) * len(x)].view(len(weight), len(x))
+        torch.mm(weight, x.t(), out=u) if bias is None else torch.addmm(bias[:, None], weight, x.t(), out=u)
+        logits = work[1][: len(x)]
+    logits.copy_(u.t())  # [N, V] float32, rows contiguous: one copy
     if softcap:
         logits.div_(softcap).tanh_().mul_(softcap)  # c = s tanh(u / s)
     return logits.div_(temperature) if temperature != 1 else logits  # at T = 1 the division would be a pass for nothing
@@ -583,23 +584,24 @@ class ActionLogProb(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad, _):
         hidden, weight, bias, actions, log_z = ctx.saved_tensors
-        u, _, spare = (buffer[: len(hidden)] for buffer in ctx.work)
         grad_z = output_logits(hidden, weight, bias, ctx.softcap, ctx.temperature, ctx.work)  # z again
+        flat, spare = ctx.work[0].view(-1)[: grad_z.numel()], ctx.work[2][: len(hidden)]  # flat: u^T, as left
         grad_z.sub_(log_z.unsqueeze(-1)).exp_().mul_(-grad.unsqueeze(-1))  # -g softmax(z)
         grad_z.scatter_add_(-1, actions.unsqueeze(-1), grad.unsqueeze(-1))  # + g onehot(a)
         if ctx.temperature != 1:
             grad_z.div_(ctx.temperature)  # z = c / T
         if ctx.softcap:  # c = s tanh(u / s); u = W h + b is still in the workspace
-            capped = spare.copy_(u).div_(ctx.softcap).tanh_()  # y
+            capped = spare.copy_(flat.view(len(weight), -1).t()).div_(ctx.softcap).tanh_()  # y
             grad_z.mul_(ctx.softcap).mul_(capped.mul_(capped).neg_().add_(1)).div_(ctx.softcap)  # * s (1 - y^2) / s
-        grad_u = u.copy_(grad_z)  # in W's dtype, as autograd's backward of the cast to float32
+        grad_u = flat.view(grad_z.shape).copy_(grad_z)  # [N, V] in W's dtype, as autograd's backward of the cast
         grad_hidden = (grad_u @ weight).to(hidden.dtype) if ctx.needs_input_grad[0] else None
         grad_weight = grad_u.t() @ hidden.to(weight.dtype) if ctx.needs_input_grad[1] else None  # --no-lora
         grad_bias = grad_u.sum(0) if ctx.needs_input_grad[2] else None
         return grad_hidden, grad_weight, grad_bias, None, None, None, None
 
 def output_workspace(rows, weight):
-    """ActionLogProb's buffers for chunks of up to `rows` rows: u [rows, V] in W's dtype, two [rows, V] float32."""
+    """ActionLogProb's buffers for chunks of up to `rows` rows, [rows, V] each: one in W's dtype (u^T = W h^T, [V, N]
+    in its first V N elements, then dL/du [N, V]), two float32 (z, and e^(z - m) or the soft-capping's y)."""
     vocab, device = weight.shape[0], weight.device
     return (torch.empty(rows, vocab, dtype=weight.dtype, device=device), torch.empty(rows, vocab, device=device),
             torch.empty(rows, vocab, device=device))

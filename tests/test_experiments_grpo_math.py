@@ -155,7 +155,7 @@ def test_action_log_prob_gradient_is_written_out_right(experiment, dtype, softca
     work = experiment.output_workspace(8, layer.weight)  # more rows than the chunk: its views are taken
     ours, entropy = experiment.ActionLogProb.apply(hidden, layer.weight, layer.bias, actions, softcap, temperature, work)
     grads_ours = torch.autograd.grad(ours, inputs, upstream)
-    z = layer(hidden).float()
+    z = torch.addmm(layer.bias[:, None], layer.weight, hidden.t()).t().float().contiguous()  # as output_logits takes it
     if softcap:
         z = torch.tanh(z / softcap) * softcap
     z = z / temperature
