@@ -155,7 +155,7 @@ def output_logits(hidden, weight, bias=None, softcap=None, temperature=1.0, work
     the model has one, T the sampling temperature. Into work = (a buffer of at least V N elements in W's dtype,
     z [n, V] float32, ...), n >= N, when given (ActionLogProb's workspace), else into new tensors."""
     x = hidden.to(weight.dtype)  # u = W h + b, taken as u^T = W h^T [V, N], not h W^T: at V = 262k PyTorch's CPU
-    # float32 kernel of h W^T was 2 to 4 times slower for a few rows, 1.4 for 64 (README, Training against the peak)
+    # float32 kernel of h W^T was 2 to 4 times slower for a few rows, 1.4 for 64 (README, Speed and memory against TRL)
     if work is None:  # the sampler's: new tensors
         u = weight @ x.t() if bias is None else torch.addmm(bias[:, None], weight, x.t())
         logits = x.new_empty(len(x), len(weight), dtype=torch.float32)
