@@ -3,6 +3,7 @@ levers.py time, running one side in a fresh process, and reading TensorBoard sca
 experiments through load_experiment too."""
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -135,23 +136,24 @@ def project_steps(base, options, tasks, args, profile=None):
         advantages = base.group_advantages(result.rewards.view(-1, args.group_size)).flatten().to(options.device)
         model.train()
         batch = (result.sequence_ids, result.attention_mask, result.action_mask, advantages)
-        if step == args.steps:  # the extra step's training phase, operator by operator
-            profile["peak_rss_gb"] = peak_memory(options.device)["peak_rss_gb"]  # the measured steps' peak, before it
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        passes = []  # the passes train_step runs (with beta = 0 none over a completion whose advantage is 0)
+        with spied_packing(base, passes):
+            if step == args.steps:  # the extra step's training phase, operator by operator
+                profile["peak_rss_gb"] = peak_memory(options.device)["peak_rss_gb"]  # the measured steps' peak, before it
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+                    base.train_step(model, batch, options, optimizer, scheduler)
+                operators = profiler.key_averages()
+                profile["table"] = operators.table(sort_by="self_cpu_time_total", row_limit=15)
+                profile["operator_seconds"] = sum(op.self_cpu_time_total for op in operators) / 1e6
+                profile["matmul_seconds"] = sum(op.self_cpu_time_total for op in operators if is_matmul(op.key)) / 1e6
+            else:
                 base.train_step(model, batch, options, optimizer, scheduler)
-            operators = profiler.key_averages()
-            profile["table"] = operators.table(sort_by="self_cpu_time_total", row_limit=15)
-            profile["operator_seconds"] = sum(op.self_cpu_time_total for op in operators) / 1e6
-            profile["matmul_seconds"] = sum(op.self_cpu_time_total for op in operators if is_matmul(op.key)) / 1e6
-        else:
-            base.train_step(model, batch, options, optimizer, scheduler)
         if cuda:
             peaks.update(gpu_peaks(torch, "training"))
-        prompt_width = result.sequence_ids.shape[1] - result.action_mask.shape[1]
-        # the passes train_step ran: with beta = 0 none over a completion whose advantage is 0 (README: zero advantages)
+        flops = sum(training_flops(model.config, options.lora_r, *rows, options.gradient_checkpointing, repeated=repeated)
+                    if gradients else sum(forward_flops(model.config, options.lora_r, *rows, repeated)[:2])
+                    for *rows, repeated, gradients in passes)
         ran = (advantages != 0).cpu() if options.kl_weight == 0 else torch.ones(len(advantages), dtype=torch.bool)
-        flops = training_flops(model.config, options.lora_r, result.attention_mask[ran, :prompt_width].sum(1).tolist(),
-                               result.action_mask[ran].sum(1).tolist(), options.gradient_checkpointing, options.kl_weight > 0)
         if step == args.steps:
             profile["training_flops"] = flops  # done by the matrix multiplies and attention (is_matmul)
             break
@@ -159,6 +161,29 @@ def project_steps(base, options, tasks, args, profile=None):
                       "tokens": int(result.action_mask.sum()), "training_flops": flops, "trained": int(ran.sum()),
                       "completions": len(ran), **peaks})
     return steps
+
+
+@contextlib.contextmanager
+def spied_packing(base, passes):
+    """Inside: each call of base.pack_prompts (every pass of sequence_log_probs) appends to passes (the rows' prompt
+    tokens, their completion tokens, repeated: whether a row's prompt was already run for an earlier row of its
+    packed sequence, and whether the pass takes gradients): the rows and layout the FLOPs are counted on. A pass
+    without gradients (pi_ref's) counts one forward of the body and the output layer."""
+    real = base.pack_prompts
+
+    def spy(input_ids, attention_mask, num_actions, config):
+        packed = real(input_ids, attention_mask, num_actions, config)
+        width = input_ids.shape[1] - num_actions
+        sequence = (packed[3][:, 0] // packed[0].shape[1]).tolist()  # the packed sequence each row joined
+        passes.append((attention_mask[:, :width].sum(1).tolist(), attention_mask[:, width:].sum(1).tolist(),
+                       [s in sequence[:i] for i, s in enumerate(sequence)], base.torch.is_grad_enabled()))
+        return packed
+
+    base.pack_prompts = spy
+    try:
+        yield
+    finally:
+        base.pack_prompts = real
 
 
 def is_matmul(operator):
@@ -181,7 +206,8 @@ def step_summary(steps):
     return summary
 
 
-def training_flops(config, lora_r, prompt_tokens, completion_tokens, checkpointing=True, reference_pass=False):
+def training_flops(config, lora_r, prompt_tokens, completion_tokens, checkpointing=True, reference_pass=False,
+                   repeated=None):
     """The matrix-multiply FLOPs one GRPO training step needs for sequences of prompt_tokens[i] real prompt tokens and
     completion_tokens[i] action tokens (padding not counted: the work the algorithm needs, not what a layout adds).
 
@@ -192,15 +218,19 @@ def training_flops(config, lora_r, prompt_tokens, completion_tokens, checkpointi
     checkpointing (the body's layers and the output layer's chunks alike), and the backward pass, which costs one
     forward for the input gradients (the frozen weights need no weight gradient) and, for LoRA, one more for its
     weight gradients. A reference pass (beta > 0) is one more forward. Element-wise work (norms, softmax, rotary,
-    the entropy) is not counted."""
-    body, head, adapter = forward_flops(config, lora_r, prompt_tokens, completion_tokens)
+    the entropy) is not counted. repeated[i]: row i's prompt was already run for an earlier row of its packed
+    sequence (the experiments' pack_prompts), so the row adds only its completion (forward_flops)."""
+    body, head, adapter = forward_flops(config, lora_r, prompt_tokens, completion_tokens, repeated)
     forwards = 3 if checkpointing else 2  # forward, recomputation, backward (input gradients)
     total = forwards * (body + head) + (forwards + 1) * adapter  # LoRA's weight gradients: one forward more
     return total + (body + head if reference_pass else 0)
 
 
-def forward_flops(config, lora_r, prompt_tokens, completion_tokens):
-    """(body, output layer, LoRA): the matrix-multiply FLOPs of one forward pass, as training_flops counts them."""
+def forward_flops(config, lora_r, prompt_tokens, completion_tokens, repeated=None):
+    """(body, output layer, LoRA): the matrix-multiply FLOPs of one forward pass, as training_flops counts them. A
+    row whose prompt its packed sequence already holds (repeated[i]) adds its completion's tokens, and their
+    attention to the prompt and to each other; not the prompt again."""
+    repeated = repeated or [False] * len(prompt_tokens)
     c = getattr(config, "text_config", config)
     hidden, inner, layers, vocab = c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.vocab_size
     heads, kv_heads = c.num_attention_heads, getattr(c, "num_key_value_heads", c.num_attention_heads)
@@ -209,8 +239,9 @@ def forward_flops(config, lora_r, prompt_tokens, completion_tokens):
               (heads * head_dim, hidden), (hidden, inner), (hidden, inner), (inner, hidden)]  # (in, out) per layer
     weights = layers * sum(i * o for i, o in shapes)
     lora = layers * lora_r * sum(i + o for i, o in shapes)
-    tokens = sum(prompt_tokens) + sum(completion_tokens)
-    pairs = sum((p + t) * (p + t + 1) // 2 for p, t in zip(prompt_tokens, completion_tokens))
+    tokens = sum(p for p, again in zip(prompt_tokens, repeated) if not again) + sum(completion_tokens)
+    pairs = sum((p + t) * (p + t + 1) // 2 - (p * (p + 1) // 2 if again else 0)
+                for p, t, again in zip(prompt_tokens, completion_tokens, repeated))
     body = 2 * weights * tokens + 4 * layers * heads * head_dim * pairs
     head = 2 * hidden * vocab * sum(completion_tokens)
     adapter = 2 * lora * tokens

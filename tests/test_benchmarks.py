@@ -286,25 +286,33 @@ def test_evaluate_takes_the_checkpoints_own_adapter_shape(tiny_model_dir, tmp_pa
     assert table["gsm8k"]["problems"] == 4 and "newest checkpoint of that run, step_000001" in capsys.readouterr().out
 
 
-def test_training_flops_count_what_a_forward_pass_multiplies(tiny_model_dir):
+@pytest.mark.parametrize("shared", [False, True])
+def test_training_flops_count_what_a_forward_pass_multiplies(tiny_model_dir, shared):
     """common.forward_flops (the unit of step_time's training FLOP/s) against PyTorch's FLOP counter on a real
     forward pass of sequence_log_probs: every matrix multiply of the body's linear layers, LoRA's two factors and the
-    output layer on the action tokens alone, exactly (attention's products are counted apart, causal)."""
+    output layer on the action tokens alone, exactly (attention's products are counted apart, causal). Three rows of
+    one prompt (shared) are one packed sequence: the prompt's tokens are multiplied once, and counted once."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from common import forward_flops, training_flops
+    from common import forward_flops, spied_packing, training_flops
     from conftest import load_tiny
 
     base, model, _ = load_tiny(load_experiment(), tiny_model_dir)
     ids = torch.randint(5, 60, (3, 12), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+    if shared:
+        ids[1:, :7] = ids[0, :7]
+    passes = []
+    with torch.no_grad(), FlopCounterMode(display=False) as counter, spied_packing(base, passes):
         base.sequence_log_probs(model, ids, torch.ones(3, 12, dtype=torch.long), 5)  # 7 prompt and 5 action tokens each
     measured = counter.get_flop_counts()["Global"]
     assert {str(op) for op in measured} == {"aten.mm"}  # SDPA's products are not in the counter on the CPU
+    repeated = [False, shared, shared]
+    assert passes == [([7] * 3, [5] * 3, repeated, False)]
     r = model.peft_config["default"].r
-    body, head, adapter = forward_flops(model.config, r, [7] * 3, [5] * 3)
+    body, head, adapter = forward_flops(model.config, r, [7] * 3, [5] * 3, repeated)
     c = model.config
-    attention = 4 * c.num_hidden_layers * c.hidden_size * 3 * (12 * 13 // 2)  # heads x head_dim = hidden here
+    pairs = 3 * (12 * 13 // 2) - (2 * (7 * 8 // 2) if shared else 0)  # the prompt attends to itself once
+    attention = 4 * c.num_hidden_layers * c.hidden_size * pairs  # heads x head_dim = hidden here
     assert body - attention + head + adapter == sum(measured.values())
-    assert training_flops(model.config, r, [7] * 3, [5] * 3) == 3 * (body + head) + 4 * adapter
+    assert training_flops(model.config, r, [7] * 3, [5] * 3, repeated=repeated) == 3 * (body + head) + 4 * adapter

@@ -194,6 +194,97 @@ def test_log_probs_equal_naive_log_softmax(tiny, monkeypatch, chunk_elements):
         assert (a is None and b is None) or torch.allclose(a, b, atol=1e-5)
 
 
+def grouped_sequences(tokenizer):
+    """(ids, mask, num_actions): a rollout batch's layout, rows in shuffled order: groups of 3 and 2 completions of
+    two left-padded prompts, and one prompt with a single completion; completions right-padded."""
+    prompts = tokenizer(["What is 1+1?"] * 3 + ["Hi"] * 2 + ["Say 7"], return_tensors="pt", padding=True)
+    completions = tokenizer(["<answer>2</answer>", "2</s>", "<think>1+1</think>", "no</s>", "hello there", "7</s>"],
+                            return_tensors="pt", padding=True, padding_side="right")
+    order = torch.tensor([3, 0, 5, 1, 4, 2])
+    ids = torch.cat([prompts.input_ids, completions.input_ids], 1)[order]
+    mask = torch.cat([prompts.attention_mask, completions.attention_mask], 1)[order]
+    return ids, mask, completions.input_ids.shape[1]
+
+
+def test_rows_that_share_a_prompt_run_it_once(tiny):
+    """pack_prompts: the body runs each prompt once, followed by each of its completions, and every log-prob and
+    every LoRA gradient equals the textbook computation on the rows one by one (each completion sees its prompt
+    and itself, at its row's positions)."""
+    experiment, model, tokenizer = tiny
+    model.train()
+    ids, mask, num_actions = grouped_sequences(tokenizer)
+    shapes = []
+    hook = model.get_input_embeddings().register_forward_hook(lambda module, inputs, output: shapes.append(inputs[0].shape))
+    try:
+        log_probs, _ = experiment.sequence_log_probs(model, ids, mask, num_actions)
+    finally:
+        hook.remove()
+    prompt_width = ids.shape[1] - num_actions
+    assert shapes == [(3, prompt_width + 3 * num_actions)]  # 3 prompts, the longest group's 3 completions after each
+    expected = naive_log_probs(model, ids, mask, num_actions)
+    assert torch.allclose(log_probs, expected, atol=1e-5) and (log_probs != 0).sum() == mask[:, -num_actions:].sum()
+    params = [p for p in model.parameters() if p.requires_grad]
+    ours = torch.autograd.grad(log_probs.sum(), params)
+    theirs = torch.autograd.grad(expected.sum(), params)
+    assert all((a - b).abs().max() <= 1e-5 * b.abs().max() for a, b in zip(ours, theirs))  # float32 rounding
+
+
+@pytest.mark.parametrize("window", [3, 6, 100])
+def test_packed_prompts_keep_each_rows_sliding_window(experiment, window):
+    """A Gemma-3 body (sliding-window and global layers, soft-capped logits): in the packed sequence each token's
+    window counts the columns of its own row, so a window shorter than the rows (3, 6) gives the log-probs of the
+    rows one by one, as one longer than them (100) does."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    config = Gemma3TextConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=window,
+                              layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                              final_logit_softcapping=30.0, pad_token_id=0, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = Gemma3ForCausalLM(config).float().eval()
+    ids = torch.randint(5, 300, (5, 14), generator=torch.Generator().manual_seed(1))
+    ids[2:] = ids[0]  # rows 0, 2, 3, 4: one prompt (8 tokens, 2 of them padding in row 4) ...
+    ids[3, 8:] = torch.randint(5, 300, (6,))  # ... and completions of their own
+    mask = torch.ones_like(ids)
+    mask[[1, 4], :2] = 0  # left padding
+    mask[0, 11:] = mask[2, 9:] = 0  # right padding
+    packed = experiment.pack_prompts(ids, mask, 6, config)
+    assert packed[0].shape == (3, 8 + 3 * 6) and set(packed[2]) == {"sliding_attention", "full_attention"}
+    with torch.no_grad():
+        log_probs, _ = experiment.sequence_log_probs(model, ids, mask, 6)
+        assert torch.allclose(log_probs, naive_log_probs(model, ids, mask, 6), atol=1e-5)
+
+
+@pytest.mark.parametrize("completion, per_sequence", [(20, 5), (40, 2), (80, 1)])
+def test_a_sequence_packs_only_as_many_completions_as_save_flops(tiny, completion, per_sequence):
+    """Five completions of one 10-token prompt, hidden size 64: k completions packed cost fewer FLOPs than alone while
+    k < (6 H P + P^2) / C^2, which is 9.85 at C = 20 (all five in one sequence), 2.46 at C = 40 (sequences of 2, 2
+    and 1) and 0.62 at C = 80 (each row alone); the log-probs are the textbook ones every time."""
+    experiment, model, _ = tiny
+    ids = torch.randint(5, 60, (5, 10 + completion), generator=torch.Generator().manual_seed(0))
+    ids[:, :10] = ids[0, :10]
+    mask = torch.ones_like(ids)
+    packed = experiment.pack_prompts(ids, mask, completion, model.config)
+    sequences = -(-5 // per_sequence)
+    assert packed[0].shape == (sequences, 10 + min(5, per_sequence) * completion)
+    with torch.no_grad():
+        log_probs, _ = experiment.sequence_log_probs(model, ids, mask, completion)
+        assert torch.allclose(log_probs, naive_log_probs(model, ids, mask, completion), atol=1e-5)
+
+
+def test_without_sdpa_every_row_stays_its_own_sequence(tiny):
+    """flash-attention 2 (CUDA) takes no 4-D mask: pack_prompts leaves the rows as they are, and the log-probs are
+    still the textbook ones."""
+    experiment, model, tokenizer = tiny
+    ids, mask, num_actions = grouped_sequences(tokenizer)
+    model.set_attn_implementation("eager")  # what any attention but SDPA gets; flash-attn needs CUDA
+    packed_ids, _, packed_mask, _ = experiment.pack_prompts(ids, mask, num_actions, model.config)
+    assert packed_ids is ids and packed_mask is mask
+    with torch.no_grad():
+        log_probs, _ = experiment.sequence_log_probs(model, ids, mask, num_actions)
+        assert torch.allclose(log_probs, naive_log_probs(model, ids, mask, num_actions), atol=1e-5)
+
+
 @pytest.mark.parametrize("tied", [False, True])
 def test_full_fine_tuning_gradients_reach_the_output_layer(experiment, tiny_model_dir, monkeypatch, tied):
     """--no-lora trains every weight: ActionLogProb's written-out dL/dW reaches the output layer, added to the
