@@ -972,21 +972,19 @@ def pack_prompts(input_ids, attention_mask, num_actions, config):
     one by one, up to float rounding (tested).
     Returns (ids [K, L], position ids [K, L], the mask, before [B, num_actions]: where the state before each completion
     token lies in the packed hidden states [K L, H]). Only SDPA takes such a mask: with another attention
-    (flash-attention 2 on CUDA) or another kind of layer, every row stays a sequence of its own."""
+    (flash-attention 2 on CUDA) or another kind of layer, every row is a sequence of its own, with its 2-D mask."""
     rows, width = input_ids.shape
     prompt_width, device = width - num_actions, input_ids.device
     positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # left padding: positions count real tokens only
     kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
-    if config._attn_implementation != "sdpa" or not kinds <= {"full_attention", "sliding_attention"}:
-        before = torch.arange(rows, device=device)[:, None] * width + torch.arange(prompt_width - 1, width - 1, device=device)
-        return input_ids, positions, attention_mask, before
+    sdpa = config._attn_implementation == "sdpa" and kinds <= {"full_attention", "sliding_attention"}
     prompts = torch.cat([input_ids[:, :prompt_width], attention_mask[:, :prompt_width]], dim=1)
     group = torch.unique(prompts, dim=0, return_inverse=True)[1]  # [B]: the prompt each row continues
     member = (group[:, None] == group[None, :]).tril(-1).sum(1)  # [B]: its place among that prompt's rows
     # SDPA computes every pair of a packed sequence, masked or not: k completions of width C after a prompt of width P
     # cost (P + k C)^2 pairs (4 H FLOPs a pair and layer) instead of k (P + C)^2, and save (k - 1) P tokens of the
     # linear layers (at least 24 H^2 FLOPs a token and layer): fewer FLOPs while k < (6 H P + P^2) / C^2
-    most = max(1, int((6 * config.hidden_size * prompt_width + prompt_width**2) / num_actions**2))
+    most = max(1, int((6 * config.hidden_size * prompt_width + prompt_width**2) / num_actions**2)) if sdpa else 1
     group = torch.unique(group * rows + member // most, return_inverse=True)[1]  # [B]: the packed sequence it joins
     member = member % most  # [B]: its place there
     first = torch.zeros(int(group.max()) + 1, dtype=torch.long, device=device)
@@ -1000,7 +998,12 @@ def pack_prompts(input_ids, attention_mask, num_actions, config):
         out[group[:, None], where] = x[:, prompt_width:]
         return out
 
-    ids, position_ids, real = packed(input_ids), packed(positions), packed(attention_mask).bool()
+    ids, position_ids = packed(input_ids), packed(positions)
+    before = torch.cat([torch.full_like(where[:, :1], prompt_width - 1), where[:, :-1]], 1)  # the prompt's last token,
+    before = group[:, None] * length + before  # then the completion's previous one
+    if not sdpa:  # one row a sequence (most = 1), the 2-D mask as it was
+        return ids, position_ids, packed(attention_mask), before
+    real = packed(attention_mask).bool()
     column = packed(torch.arange(width, device=device).expand(rows, width))  # each token's column in its row
     part = packed(torch.cat([torch.full_like(input_ids[:, :prompt_width], -1),  # -1: prompt; else which completion
                              member[:, None].expand(rows, num_actions)], dim=1), -1)
@@ -1010,8 +1013,6 @@ def pack_prompts(input_ids, attention_mask, num_actions, config):
     mask = {kind: seen[:, None] for kind in kinds}
     if "sliding_attention" in kinds:  # as transformers' sliding_window_overlay: key column > query column - window
         mask["sliding_attention"] = (seen & (column[:, None, :] > column[:, :, None] - config.sliding_window))[:, None]
-    before = torch.cat([torch.full_like(where[:, :1], prompt_width - 1), where[:, :-1]], 1)  # the prompt's last token,
-    before = group[:, None] * length + before  # then the completion's previous one
     return ids, position_ids, mask if len(kinds) > 1 else mask["full_attention"], before
 
 def free_memory(device):
