@@ -79,8 +79,9 @@ def switch_off(base, config):
             def apply(hidden, weight, bias, actions, softcap, temperature, work):
                 entropy = []  # from the chunk's forward pass, not again when the backward pass recomputes it
 
-                def chunk(h, w, b):
-                    logits = base.output_logits(h, w, b, softcap, temperature)
+                def chunk(h, w, b):  # the output layer's product as output_logits forms it, in one piece: autograd records it
+                    u = (w @ h.to(w.dtype).t() if b is None else torch.addmm(b[:, None], w, h.to(w.dtype).t())).t().float()
+                    logits = (torch.tanh(u / softcap) * softcap if softcap else u) / temperature
                     log_z = logits.logsumexp(dim=-1)
                     if not entropy:
                         with torch.no_grad():

@@ -120,22 +120,30 @@ def test_each_chunks_logits_are_computed_once_a_pass_and_the_entropy_is_exact(ti
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bias", [False, True])
-def test_the_samplers_logits_are_the_output_layers(experiment, dtype, bias):
-    """output_logits without a workspace (the sampler's, taken as W h^T): float32 rows [N, V], contiguous, equal to
-    the output layer's own product (to float32 rounding; bf16's own rounding), soft-capped and divided by T."""
+@pytest.mark.parametrize("block", [None, 7])  # the default (1,000 ids: one block), and 143 blocks, the last of 6 ids
+def test_the_samplers_logits_are_the_output_layers(experiment, monkeypatch, dtype, bias, block):
+    """output_logits (taken as W h^T, in blocks of OUTPUT_BLOCK vocabulary ids in float32 on a CPU): float32 rows
+    [N, V], contiguous, equal to the output layer's own product (to float32 rounding; bf16's own rounding),
+    soft-capped and divided by T; into a workspace the same logits, with u^T = W h^T + b whole in its first buffer
+    (the backward's soft-capping reads it there)."""
+    if block:
+        monkeypatch.setattr(experiment, "OUTPUT_BLOCK", block)
     torch.manual_seed(0)
-    layer = torch.nn.Linear(16, 1000, bias=bias).to(dtype)
+    layer = torch.nn.Linear(16, 1000, bias=bias).to(dtype).requires_grad_(False)  # autograd off, as its callers
     for rows in (1, 2, 5):
         hidden = torch.randn(rows, 16).to(dtype)
         for softcap, temperature in ((None, 1.0), (30.0, 0.7)):
             ours = experiment.output_logits(hidden, layer.weight, layer.bias, softcap, temperature)
-            theirs = layer(hidden).float()
-            if softcap:
-                theirs = torch.tanh(theirs / softcap) * softcap
+            u = layer(hidden).float()
+            theirs = torch.tanh(u / softcap) * softcap if softcap else u
             theirs = theirs / temperature
             assert ours.dtype == torch.float32 and ours.shape == (rows, 1000) and ours.is_contiguous()
             tolerance = 1e-5 if dtype == torch.float32 else 2e-2
             assert torch.allclose(ours, theirs, rtol=tolerance, atol=tolerance)
+            work = [buffer.fill_(float("nan")) for buffer in experiment.output_workspace(8, layer.weight)]
+            assert torch.equal(experiment.output_logits(hidden, layer.weight, layer.bias, softcap, temperature, work), ours)
+            kept = work[0].view(-1)[: 1000 * rows].view(1000, rows).t().float()
+            assert torch.allclose(kept, u, rtol=tolerance, atol=tolerance)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
