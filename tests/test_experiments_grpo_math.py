@@ -598,6 +598,41 @@ def test_ended_rows_leave_the_batch_and_the_tokens_stay_the_same(tiny, monkeypat
     assert set(kept_widths) == {2, 16} and min(widths_seen) < 16  # the prefill, then 16 rows, fewer once rows ended
 
 
+@pytest.mark.parametrize("window", [None, 4, 100])
+def test_the_decode_cache_fills_in_place_and_the_tokens_stay_the_same(tiny, monkeypatch, window):
+    """reserve_cache: the decode steps write into room made once instead of a new cache at every token, and draw the
+    same tokens as with the library's update, rows leaving the batch as they end. A Llama (every layer in place) and
+    a Gemma-3 whose sliding layers' window fills during the completions (4: they keep the library's update) or not
+    (100: in place, their count of positions kept, which their masks read)."""
+    experiment, model, tokenizer = tiny
+    if window:
+        from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+        config = Gemma3TextConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=window,
+                                  layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                                  pad_token_id=tokenizer.pad_token_id, attn_implementation="sdpa")
+        torch.manual_seed(0)
+        model = Gemma3ForCausalLM(config).float().eval()
+    monkeypatch.setattr(experiment, "stop_token_ids", lambda *args: list(range(5, 25)))  # rows end at varied steps
+    monkeypatch.setattr(experiment, "ENDED_SHARE", 0.25)
+    prompts = tokenizer(["What is 1 + 2?", "Say something long"], return_tensors="pt", padding=True)
+    caches, reserve = [], experiment.reserve_cache
+
+    def sample(in_place):
+        monkeypatch.setattr(experiment, "reserve_cache", lambda cache, tokens: caches.append(cache) or (in_place and reserve(cache, tokens)))
+        torch.manual_seed(3)
+        return experiment.sample(model, tokenizer, prompts.input_ids, prompts.attention_mask, 8, 30, 1.0, 1.0)
+
+    ids, actions = sample(in_place=False)
+    assert torch.equal(sample(in_place=True)[0], ids) and torch.equal(sample(in_place=True)[1], actions)
+    lengths = actions.sum(1)
+    assert lengths.min() < lengths.max() and prompts.input_ids.shape[1] + lengths.max() > 4  # rows left; windows filled
+    filled_in_place = [hasattr(layer, "room") for layer in caches[-1].layers]
+    assert filled_in_place == {None: [True, True], 4: [False, True, False], 100: [True, True, True]}[window]
+    assert not any(hasattr(layer, "room") for layer in caches[0].layers)
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.5])
 def test_log_probs_at_the_sampling_temperature(tiny, temperature):
     """pi = softmax(logits / T), the distribution the sampler drew from (before the fix, softmax(logits) at any T)."""
