@@ -990,10 +990,10 @@ def pack_prompts(input_ids, attention_mask, num_actions, config):
 
 def reserve_cache(cache, tokens):
     """Room for `tokens` more positions in each layer of a DynamicCache, which the decode steps then fill in place:
-    the library's update copies the whole cache into a new tensor (torch.cat) at every token, about a fifth of a
-    decode step at 4 prompts x 4 x 64 on the 2-core EPYC (README, "Speed and memory against TRL"). The same keys and
-    values, so the same tokens (tested). A sliding-window layer whose window could fill within those tokens keeps the
-    library's update (which then lets the oldest position go), as does any other kind of layer."""
+    the library's update copies the whole cache into a new tensor (torch.cat) at every token, about a fifth of the
+    body's decode step at 4 prompts x 4 x 64 on the 2-core EPYC (README, "Sampling as completions end"). The same keys
+    and values, so the same tokens (tested). A sliding-window layer whose window could fill within those tokens keeps
+    the library's update (which then lets the oldest position go), as does any other kind of layer."""
     from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
     for layer in cache.layers:
