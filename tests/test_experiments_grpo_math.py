@@ -625,9 +625,10 @@ def test_the_decode_cache_fills_in_place_and_the_tokens_stay_the_same(tiny, monk
         return experiment.sample(model, tokenizer, prompts.input_ids, prompts.attention_mask, 8, 30, 1.0, 1.0)
 
     ids, actions = sample(in_place=False)
-    assert torch.equal(sample(in_place=True)[0], ids) and torch.equal(sample(in_place=True)[1], actions)
+    in_place_ids, in_place_actions = sample(in_place=True)
+    assert torch.equal(in_place_ids, ids) and torch.equal(in_place_actions, actions)
     lengths = actions.sum(1)
-    assert lengths.min() < lengths.max() and prompts.input_ids.shape[1] + lengths.max() > 4  # rows left; windows filled
+    assert lengths.min() < lengths.max()  # rows left the batch at different steps
     filled_in_place = [hasattr(layer, "room") for layer in caches[-1].layers]
     assert filled_in_place == {None: [True, True], 4: [False, True, False], 100: [True, True, True]}[window]
     assert not any(hasattr(layer, "room") for layer in caches[0].layers)
