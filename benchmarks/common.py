@@ -215,14 +215,16 @@ def training_flops(config, lora_r, prompt_tokens, completion_tokens, checkpointi
     layer), plus LoRA's 2 x r x (in + out) per adapted layer; per layer and pair of positions a token attends to
     (causal), 2 x 2 x heads x head_dim (scores and the weighted sum); the output layer 2 x hidden x vocab per action
     token only (no other row reaches it). A training pass is that forward, its recomputation under gradient
-    checkpointing (the body's layers and the output layer's chunks alike), and the backward pass, which costs one
-    forward for the input gradients (the frozen weights need no weight gradient) and, for LoRA, one more for its
-    weight gradients. A reference pass (beta > 0) is one more forward. Element-wise work (norms, softmax, rotary,
-    the entropy) is not counted. repeated[i]: row i's prompt was already run for an earlier row of its packed
-    sequence (the experiments' pack_prompts), so the row adds only its completion (forward_flops)."""
+    checkpointing (the body's layers), and the backward pass, which costs one forward for the input gradients (the
+    frozen weights need no weight gradient) and, for LoRA, one more for its weight gradients. The output layer is
+    counted twice: its forward and its input gradient, which the experiments' ActionLogProb forms in the forward
+    pass (it is not computed again; before 2026-11-27 it was, and this count had it three times with checkpointing).
+    A reference pass (beta > 0) is one more forward. Element-wise work (norms, softmax, rotary, the entropy) is not
+    counted. repeated[i]: row i's prompt was already run for an earlier row of its packed sequence (the
+    experiments' pack_prompts), so the row adds only its completion (forward_flops)."""
     body, head, adapter = forward_flops(config, lora_r, prompt_tokens, completion_tokens, repeated)
     forwards = 3 if checkpointing else 2  # forward, recomputation, backward (input gradients)
-    total = forwards * (body + head) + (forwards + 1) * adapter  # LoRA's weight gradients: one forward more
+    total = forwards * body + 2 * head + (forwards + 1) * adapter  # LoRA's weight gradients: one forward more
     return total + (body + head if reference_pass else 0)
 
 

@@ -366,13 +366,16 @@ LOGITS_CHUNK_ELEMENTS = 2**24  # sequence_log_probs takes the output layer in ch
 class ActionLogProb(torch.autograd.Function):
     """The output layer and the log-prob of the action, with the gradient written out. For rows h [N, H], actions
     a [N] and logits z = c(W h + b) / T (output_logits): log pi(a | h) = z_a - logsumexp(z), and the entropy of
-    pi(. | h) (logged only: no gradient). The backward pass computes z again from h (no [N, V] tensor is kept between
-    the passes) and forms the gradient in that buffer, in place:
-        dL/dz = g (onehot(a) - softmax(z)),  dL/du = dL/dz / T * (1 - y^2) with soft-capping, y = tanh(u / s),
-        dL/dh = dL/du W,  dL/dW = dL/du^T h,  dL/db = sum_rows dL/du.
-    Both passes of every chunk work in one workspace of [rows, V] buffers (output_workspace): on a CPU a new 64 MiB
-    tensor costs more in page faults than the arithmetic on it. The same bits as autograd's backward of the same
-    expression (tested); README, "Training against the machine's peak"."""
+    pi(. | h) (logged only: no gradient). The gradient, by hand, g = dL/d log pi coming from the loss:
+        d log pi / dz = onehot(a) - softmax(z),  d/du = d/dz / T * (1 - y^2) with soft-capping, y = tanh(u / s),
+        dL/dh = g d log pi / du W,  dL/dW = g d log pi / du^T h,  dL/db = sum_rows g d log pi / du.
+    When only h needs it (W frozen, as under LoRA), the forward pass forms d log pi / dh = d log pi / du W while z is
+    at hand and keeps that [N, H], and the backward pass scales it by g: the [N, V] product is not taken again. When
+    W or b train too (--no-lora), g is needed inside the [N, V] gradient, so the backward pass computes z again from h
+    (no [N, V] tensor is kept between the passes). Every pass works in one workspace of [rows, V] buffers
+    (output_workspace): on a CPU a new 64 MiB tensor costs more in page faults than the arithmetic on it. Against
+    autograd's backward of the same expression: within float32 rounding (the same bits when recomputed without
+    soft-capping; tested); README, "Training against the machine's peak"."""
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, actions, softcap, temperature, work):
@@ -382,30 +385,47 @@ class ActionLogProb(torch.autograd.Function):
         exp = torch.sub(logits, top, out=work[2][: len(hidden)]).exp_()  # e^(z - m)
         total = exp.sum(dim=-1, keepdim=True)
         log_z = (total.log() + top).squeeze(-1)  # logsumexp(z) = m + log sum_a e^(z_a - m), as torch.logsumexp
-        p_dot_z = exp.mul_(logits).sum(-1) / total.squeeze(-1)  # sum_a p(a) z_a
+        log_prob = logits.gather(-1, actions.unsqueeze(-1)).squeeze(-1) - log_z  # z_a - logsumexp(z)
+        p_dot_z = torch.mul(exp, logits, out=logits).sum(-1) / total.squeeze(-1)  # sum_a p(a) z_a
         entropy = log_z - p_dot_z  # H = -sum_a p(a) log p(a) = logsumexp(z) - sum_a p(a) z_a
-        ctx.save_for_backward(hidden, weight, bias, actions, log_z)
         ctx.softcap, ctx.temperature, ctx.work = softcap, temperature, work
+        ctx.formed = ctx.needs_input_grad[0] and not any(ctx.needs_input_grad[1:3])  # d log pi / dh formed here
+        if ctx.formed:
+            grad_u = log_prob_gradient(exp.div_(total), logits, actions, None, ctx)  # from softmax(z) = e^(z - m) / sum
+            ctx.save_for_backward((grad_u @ weight).to(hidden.dtype))  # d log pi / dh [N, H]
+        elif any(ctx.needs_input_grad[:3]):
+            ctx.save_for_backward(hidden, weight, bias, actions, log_z)
         ctx.mark_non_differentiable(entropy)
-        return logits.gather(-1, actions.unsqueeze(-1)).squeeze(-1) - log_z, entropy
+        return log_prob, entropy
 
     @staticmethod
     def backward(ctx, grad, _):
+        if ctx.formed:
+            return (grad.unsqueeze(-1) * ctx.saved_tensors[0]).to(ctx.saved_tensors[0].dtype), *[None] * 6  # g dlogpi/dh
         hidden, weight, bias, actions, log_z = ctx.saved_tensors
-        grad_z = output_logits(hidden, weight, bias, ctx.softcap, ctx.temperature, ctx.work)  # z again
-        flat, spare = ctx.work[0].view(-1)[: grad_z.numel()], ctx.work[2][: len(hidden)]  # flat: u^T, as left
-        grad_z.sub_(log_z.unsqueeze(-1)).exp_().mul_(-grad.unsqueeze(-1))  # -g softmax(z)
-        grad_z.scatter_add_(-1, actions.unsqueeze(-1), grad.unsqueeze(-1))  # + g onehot(a)
-        if ctx.temperature != 1:
-            grad_z.div_(ctx.temperature)  # z = c / T
-        if ctx.softcap:  # c = s tanh(u / s); u = W h + b is still in the workspace
-            capped = spare.copy_(flat.view(len(weight), -1).t()).div_(ctx.softcap).tanh_()  # y
-            grad_z.mul_(ctx.softcap).mul_(capped.mul_(capped).neg_().add_(1)).div_(ctx.softcap)  # * s (1 - y^2) / s
-        grad_u = flat.view(grad_z.shape).copy_(grad_z)  # [N, V] in W's dtype, as autograd's backward of the cast
+        logits = output_logits(hidden, weight, bias, ctx.softcap, ctx.temperature, ctx.work)  # z again
+        probs = logits.sub_(log_z.unsqueeze(-1)).exp_()  # softmax(z) = e^(z - logsumexp(z))
+        grad_u = log_prob_gradient(probs, ctx.work[2][: len(hidden)], actions, grad, ctx)
         grad_hidden = (grad_u @ weight).to(hidden.dtype) if ctx.needs_input_grad[0] else None
         grad_weight = grad_u.t() @ hidden.to(weight.dtype) if ctx.needs_input_grad[1] else None  # --no-lora
         grad_bias = grad_u.sum(0) if ctx.needs_input_grad[2] else None
         return grad_hidden, grad_weight, grad_bias, None, None, None, None
+
+def log_prob_gradient(probs, spare, actions, grad, ctx):
+    """g d log pi / du [N, V] (g = 1 when None), formed in place from softmax(z) in one float32 buffer of ActionLogProb's
+    workspace (spare: another), returned in W's dtype in the first, where u^T = W h^T + b still is for the soft-capping."""
+    vocab = probs.shape[1]
+    flat = ctx.work[0].view(-1)[: probs.numel()]  # u^T [V, N], as output_logits left it
+    if grad is None:
+        probs.neg_().scatter_add_(-1, actions.unsqueeze(-1), torch.ones_like(probs[:, :1]))  # onehot(a) - softmax(z)
+    else:
+        probs.mul_(-grad.unsqueeze(-1)).scatter_add_(-1, actions.unsqueeze(-1), grad.unsqueeze(-1))  # g (onehot - softmax)
+    if ctx.temperature != 1:
+        probs.div_(ctx.temperature)  # z = c / T
+    if ctx.softcap:  # c = s tanh(u / s)
+        capped = spare.copy_(flat.view(vocab, -1).t()).div_(ctx.softcap).tanh_()  # y
+        probs.mul_(ctx.softcap).mul_(capped.mul_(capped).neg_().add_(1)).div_(ctx.softcap)  # * s (1 - y^2) / s
+    return flat.view(probs.shape).copy_(probs)  # in W's dtype, as autograd's backward of the cast
 
 def output_workspace(rows, weight):
     """ActionLogProb's buffers for chunks of up to `rows` rows, [rows, V] each: one in W's dtype (u^T = W h^T, [V, N]
@@ -417,8 +437,9 @@ def output_workspace(rows, weight):
 def sequence_log_probs(model, input_ids, attention_mask, num_actions=None, temperature=1.0):
     """Per-token log-probs [B, T] of the last T = num_actions tokens (the completion), and the policy's entropy at
     each, under softmax(logits / T), T the sampling temperature; masked positions hold 0. Only the action tokens
-    reach the output layer, in chunks of at most LOGITS_CHUNK_ELEMENTS logits, each computed again in the backward
-    pass instead of stored (ActionLogProb): there is never a [batch, tokens, vocab] tensor. Rows that share a prompt
+    reach the output layer, in chunks of at most LOGITS_CHUNK_ELEMENTS logits, their gradient formed in the forward
+    pass (ActionLogProb; computed again in the backward pass under --no-lora): there is never a [batch, tokens, vocab]
+    tensor. Rows that share a prompt
     (a group) run it once: pack_prompts."""
     num_actions = num_actions or input_ids.shape[1] - 1
     ids, position_ids, mask, before = pack_prompts(input_ids, attention_mask, num_actions, model.config)

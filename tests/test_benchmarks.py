@@ -291,7 +291,9 @@ def test_training_flops_count_what_a_forward_pass_multiplies(tiny_model_dir, sha
     """common.forward_flops (the unit of step_time's training FLOP/s) against PyTorch's FLOP counter on a real
     forward pass of sequence_log_probs: every matrix multiply of the body's linear layers, LoRA's two factors and the
     output layer on the action tokens alone, exactly (attention's products are counted apart, causal). Three rows of
-    one prompt (shared) are one packed sequence: the prompt's tokens are multiplied once, and counted once."""
+    one prompt (shared) are one packed sequence: the prompt's tokens are multiplied once, and counted once. A
+    training pass counts the output layer twice (its forward pass forms the gradient; measured here too), the rest
+    three times (forward, recomputation, input gradients) and LoRA once more (its weight gradients)."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -315,4 +317,13 @@ def test_training_flops_count_what_a_forward_pass_multiplies(tiny_model_dir, sha
     pairs = 3 * (12 * 13 // 2) - (2 * (7 * 8 // 2) if shared else 0)  # the prompt attends to itself once
     attention = 4 * c.num_hidden_layers * c.hidden_size * pairs  # heads x head_dim = hidden here
     assert body - attention + head + adapter == sum(measured.values())
-    assert training_flops(model.config, r, [7] * 3, [5] * 3, repeated=repeated) == 3 * (body + head) + 4 * adapter
+    assert training_flops(model.config, r, [7] * 3, [5] * 3, repeated=repeated) == 3 * body + 2 * head + 4 * adapter
+    # the output layer in a training pass under LoRA: its product and d log pi / dh's in the forward, none after
+    hidden = torch.randn(15, c.hidden_size, requires_grad=True)
+    weight = base.output_layer(model)[0].weight
+    with FlopCounterMode(display=False) as counter:
+        log_probs, _ = base.ActionLogProb.apply(hidden, weight, None, torch.arange(15), None, 1.0,
+                                                base.output_workspace(15, weight))
+        forward = sum(counter.get_flop_counts()["Global"].values())
+        log_probs.sum().backward()
+    assert forward == sum(counter.get_flop_counts()["Global"].values()) == 2 * head

@@ -87,9 +87,12 @@ def two_sequences(tokenizer):
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_each_chunks_logits_are_computed_once_a_pass_and_the_entropy_is_exact(tiny, monkeypatch, temperature):
-    """ActionLogProb computes each chunk's logits on the forward pass (log-probs and entropy) and once more in the
-    backward pass (the gradient), keeping none between the passes, every pass in the same workspace; the entropy,
+@pytest.mark.parametrize("head_trained", [False, True])  # LoRA's frozen output layer; --no-lora's trained one
+def test_each_chunks_logits_are_computed_once_under_lora_and_the_entropy_is_exact(tiny, monkeypatch, temperature,
+                                                                                    head_trained):
+    """ActionLogProb computes each chunk's logits once on the forward pass (log-probs, entropy and, with the output
+    layer frozen, the gradient with respect to the hidden states) and, only when the output layer trains too, once
+    more in the backward pass, keeping none between the passes, every pass in the same workspace; the entropy,
     logged only, carries no gradient and equals -sum p log p of the full softmax(logits / T)."""
     experiment, model, tokenizer = tiny
     monkeypatch.setattr(experiment, "LOGITS_CHUNK_ELEMENTS", 50)  # many chunks
@@ -101,14 +104,22 @@ def test_each_chunks_logits_are_computed_once_a_pass_and_the_entropy_is_exact(ti
         return original(hidden, weight, bias, softcap, temperature, work)
 
     monkeypatch.setattr(experiment, "output_logits", spy)
+    head = experiment.output_layer(model)[0].weight
+    assert not head.requires_grad  # under LoRA
+    head.requires_grad_(head_trained)
     model.train()
     ids, mask, num_actions, completion_mask = two_sequences(tokenizer)
-    log_probs, entropy = experiment.sequence_log_probs(model, ids, mask, num_actions, temperature)
-    forward = list(seen)
-    assert len(forward) > 1 and sum(forward) == completion_mask.sum()
-    assert log_probs.requires_grad and not entropy.requires_grad
-    log_probs.sum().backward()
-    assert sorted(seen[len(forward):]) == sorted(forward)  # each chunk once more, in the backward pass
+    try:
+        log_probs, entropy = experiment.sequence_log_probs(model, ids, mask, num_actions, temperature)
+        forward = list(seen)
+        assert len(forward) > 1 and sum(forward) == completion_mask.sum()
+        assert log_probs.requires_grad and not entropy.requires_grad
+        log_probs.sum().backward()
+        assert sorted(seen[len(forward):]) == (sorted(forward) if head_trained else [])  # each chunk once more, or none
+        assert (head.grad is not None and head.grad.abs().sum() > 0) == head_trained
+    finally:
+        head.requires_grad_(False)
+        head.grad = None
     assert len(workspaces) == 1
     with torch.no_grad():
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -149,17 +160,20 @@ def test_the_samplers_logits_are_the_output_layers(experiment, monkeypatch, dtyp
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("softcap", [None, 30.0])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_action_log_prob_gradient_is_written_out_right(experiment, dtype, softcap, temperature):
-    """ActionLogProb's hand-written backward, dL/dz = g (onehot(a) - softmax(z)) through the temperature, the
-    soft-capping and the output layer (W and b too, as --no-lora trains them), against autograd's backward of the
-    same expression: the same bits without soft-capping (Gemma-3, Llama), within float32 rounding with it; and
-    torch.autograd.gradcheck's finite differences."""
+@pytest.mark.parametrize("layer_trained", [True, False])  # --no-lora: recomputed in the backward; LoRA: formed ahead
+def test_action_log_prob_gradient_is_written_out_right(experiment, dtype, softcap, temperature, layer_trained):
+    """ActionLogProb's hand-written gradient, d log pi / dz = onehot(a) - softmax(z) through the temperature, the
+    soft-capping and the output layer, times the upstream g, against autograd's backward of the same expression:
+    with W and b trained (--no-lora: g (onehot - softmax) formed in the backward pass) the same bits without
+    soft-capping (Gemma-3, Llama), within float32 rounding with it; with the layer frozen (LoRA: d log pi / dh formed
+    in the forward pass, scaled by g in the backward) within float32 rounding, bf16's in bf16; and
+    torch.autograd.gradcheck's finite differences, both ways."""
     torch.manual_seed(0)
-    layer = torch.nn.Linear(16, 1000).to(dtype)
+    layer = torch.nn.Linear(16, 1000).to(dtype).requires_grad_(layer_trained)
     hidden = (torch.randn(6, 16) * 2).to(dtype).requires_grad_()
     actions = torch.tensor([0, 999, 5, 5, 500, 17])
     upstream = torch.randn(6)
-    inputs = [hidden, layer.weight, layer.bias]
+    inputs = [hidden, layer.weight, layer.bias] if layer_trained else [hidden]
     work = experiment.output_workspace(8, layer.weight)  # more rows than the chunk: its views are taken
     ours, entropy = experiment.ActionLogProb.apply(hidden, layer.weight, layer.bias, actions, softcap, temperature, work)
     grads_ours = torch.autograd.grad(ours, inputs, upstream)
@@ -173,13 +187,21 @@ def test_action_log_prob_gradient_is_written_out_right(experiment, dtype, softca
     log_p = torch.log_softmax(z, -1)
     assert torch.allclose(entropy, -(log_p.exp() * log_p).sum(-1), atol=1e-5)
     for a, b in zip(grads_ours, grads_theirs):
-        assert a.dtype == b.dtype and (torch.equal(a, b) if softcap is None else torch.allclose(a, b, rtol=1e-5, atol=1e-8))
-    small = [torch.randn(shape, requires_grad=True) for shape in [(3, 4), (7, 4), (7,)]]  # float32: the logits are
-    with pytest.warns(UserWarning, match="double precision"):  # so the finite differences are coarse
-        assert torch.autograd.gradcheck(
-            lambda h, w, b: experiment.ActionLogProb.apply(h, w, b, torch.tensor([1, 6, 0]), softcap and 2.0, temperature,
-                                                           experiment.output_workspace(3, w))[0],
-            small, eps=1e-2, atol=1e-2, rtol=1e-2)
+        assert a.dtype == b.dtype
+        if layer_trained and softcap is None:
+            assert torch.equal(a, b)
+        else:  # bf16: one rounding of g apart (before the product or after it) in bf16's 8 bits
+            tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+            assert torch.allclose(a.float(), b.float(), rtol=tolerance, atol=tolerance * b.abs().max().item())
+    small = [torch.randn(shape, requires_grad=layer_trained) for shape in [(3, 4), (7, 4), (7,)]]  # (h, W, b)
+    small[0].requires_grad_()
+
+    def log_prob(h, w=small[1], b=small[2]):
+        return experiment.ActionLogProb.apply(h, w, b, torch.tensor([1, 6, 0]), softcap and 2.0, temperature,
+                                              experiment.output_workspace(3, w))[0]
+
+    with pytest.warns(UserWarning, match="double precision"):  # float32: the finite differences are coarse
+        assert torch.autograd.gradcheck(log_prob, small if layer_trained else small[:1], eps=1e-2, atol=1e-2, rtol=1e-2)
 
 
 @pytest.mark.parametrize("chunk_elements", [2**24, 50])  # one chunk, and many
