@@ -11,7 +11,8 @@ steps after a warm-up, and peak RSS.
 Configurations (each differs from `default` in one thing):
   default          bfloat16 on CPUs with AMX/AVX512-BF16, inverse-CDF sampling, ended rows dropped from the decode
                    batch, decoder + output layer on
-                   the last prompt row only, log-probs of action tokens in recomputed chunks, checkpointing
+                   the last prompt row only, log-probs of action tokens in chunks (the output layer's gradient
+                   formed in each chunk's forward pass, not recomputed; since 2026-11-27), checkpointing
   fp32             float32 weights and compute
   multinomial      torch.multinomial instead of inverse-CDF sampling
   keep_ended       rows that have ended stay in the decode batch to the last step (same tokens, as before 2026-11-24)

@@ -401,7 +401,8 @@ class ActionLogProb(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad, _):
         if ctx.formed:
-            return (grad.unsqueeze(-1) * ctx.saved_tensors[0]).to(ctx.saved_tensors[0].dtype), *[None] * 6  # g dlogpi/dh
+            (grad_hidden,) = ctx.saved_tensors  # d log pi / dh, times g below
+            return (grad.unsqueeze(-1) * grad_hidden).to(grad_hidden.dtype), None, None, None, None, None, None
         hidden, weight, bias, actions, log_z = ctx.saved_tensors
         logits = output_logits(hidden, weight, bias, ctx.softcap, ctx.temperature, ctx.work)  # z again
         probs = logits.sub_(log_z.unsqueeze(-1)).exp_()  # softmax(z) = e^(z - logsumexp(z))
@@ -412,14 +413,15 @@ class ActionLogProb(torch.autograd.Function):
         return grad_hidden, grad_weight, grad_bias, None, None, None, None
 
 def log_prob_gradient(probs, spare, actions, grad, ctx):
-    """g d log pi / du [N, V] (g = 1 when None), formed in place from softmax(z) in one float32 buffer of ActionLogProb's
-    workspace (spare: another), returned in W's dtype in the first, where u^T = W h^T + b still is for the soft-capping."""
+    """g d log pi / du [N, V] (g = 1 when None), formed in place from softmax(z) in one float32 buffer of
+    ActionLogProb's workspace (spare: another), returned in W's dtype in its first buffer, where u^T = W h^T + b
+    still is for the soft-capping."""
     vocab = probs.shape[1]
     flat = ctx.work[0].view(-1)[: probs.numel()]  # u^T [V, N], as output_logits left it
     if grad is None:
         probs.neg_().scatter_add_(-1, actions.unsqueeze(-1), torch.ones_like(probs[:, :1]))  # onehot(a) - softmax(z)
     else:
-        probs.mul_(-grad.unsqueeze(-1)).scatter_add_(-1, actions.unsqueeze(-1), grad.unsqueeze(-1))  # g (onehot - softmax)
+        probs.mul_(-grad.unsqueeze(-1)).scatter_add_(-1, actions.unsqueeze(-1), grad.unsqueeze(-1))  # g (onehot - p)
     if ctx.temperature != 1:
         probs.div_(ctx.temperature)  # z = c / T
     if ctx.softcap:  # c = s tanh(u / s)
