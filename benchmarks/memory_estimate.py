@@ -96,7 +96,14 @@ def measure(args):
         kv = sum(t.nbytes for layer in cache.layers for t in (layer.keys, layer.values)) / args.measure_tokens
 
     model.train()  # what the forward keeps for the backward pass, with checkpointing (the default)
-    keep = saved_bytes(lambda: base.sequence_log_probs(model, ids, mask, args.measure_tokens // 2)[0].sum(), model) / args.measure_tokens
+    head = base.output_layer(model)[0].weight
+    head.requires_grad_(True)  # ActionLogProb then keeps h [N, H] for a backward that recomputes, instead of forming
+    # d log pi / dh [N, H] in the forward: the same bytes (and the tied embeddings' 8 bytes a token of ids), without a
+    # [N, V] x [V, H] product in bf16, which a CPU without AVX512-BF16 emulates at about 0.3 GFLOP/s
+    try:
+        keep = saved_bytes(lambda: base.sequence_log_probs(model, ids, mask, args.measure_tokens // 2)[0].sum(), model) / args.measure_tokens
+    finally:
+        head.requires_grad_(False)
     layer = base.body_and_head(model)[0].layers[0]
     hidden = torch.randn(1, args.measure_tokens, config.hidden_size, dtype=torch.bfloat16, requires_grad=True)
     positions = torch.arange(args.measure_tokens)[None]
