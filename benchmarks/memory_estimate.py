@@ -98,9 +98,9 @@ def measure(args):
     model.train()  # what the forward keeps for the backward pass, with checkpointing (the default)
     head = base.output_layer(model)[0].weight
     head.requires_grad_(True)  # ActionLogProb then keeps h [N, H] for a backward that recomputes, instead of forming
-    # d log pi / dh [N, H] in the forward: the same bytes (and 12 an action token of actions and log-sum-exp, 8 a
-    # token of ids for the tied embeddings), without a [N, V] x [V, H] product in bf16, which a CPU without
-    # AVX512-BF16 emulates at about 0.3 GFLOP/s
+    # d log pi / dh [N, H] in the forward: the same bytes (and 12 an action token of actions and log-sum-exp; with
+    # the tied embeddings, by our reading, their lookup's ids), without a [N, V] x [V, H] product in bf16, which a
+    # CPU without AVX512-BF16 emulates at about 0.3 GFLOP/s
     try:
         keep = saved_bytes(lambda: base.sequence_log_probs(model, ids, mask, args.measure_tokens // 2)[0].sum(), model) / args.measure_tokens
     finally:
