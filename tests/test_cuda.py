@@ -1,7 +1,8 @@
 """The CUDA path, on a machine with a GPU: LoRA gradients through 4-bit NF4 weights, paged 8-bit AdamW, the sampler,
 two steps and a resume of every experiment, and experiment_accelerate_ddp under `accelerate launch` over NCCL.
 
-Skipped where CUDA is absent (CI has none); on one NVIDIA H100 on 2026-11-24 and again on 2026-11-26: 9 passed, the two-GPU test skipped. On a CUDA machine,
+Skipped where CUDA is absent (CI has none); on one NVIDIA H100 on 2026-11-24 and again on 2026-11-26: 9 passed, the two-GPU test skipped
+(README, "What was verified, and where", for later runs). On a CUDA machine,
 `python -m pytest tests/test_cuda.py -q`. The tiny model is the other tests' (conftest), in bfloat16 on the GPU."""
 
 import socket
@@ -93,6 +94,57 @@ def test_sampling_weights_on_cuda(base_on_cuda):
             dequantized = model(**batch).logits.float()
     assert swapped(model) == 0
     assert torch.allclose(dequantized, quantized, atol=0.05, rtol=0.05)
+
+
+def test_packed_prompts_and_the_formed_gradient_on_cuda(base_on_cuda):
+    """sequence_log_probs as it trains on the GPU (4-bit bf16, LoRA, SDPA): rows that share a prompt packed into one
+    sequence with a 4-D mask (pack_prompts) and the output layer's gradient formed in the forward pass
+    (ActionLogProb, the layer frozen), against the textbook computation row by row (the model's own bf16 logits,
+    log-softmax, autograd): log-probs and LoRA gradients within bf16 rounding. Both written after the lease of
+    2026-11-26: tested on the CPU in float32 only until this test ran on a GPU."""
+    from test_experiments_grpo_math import grouped_sequences, naive_log_probs
+
+    base, args, model, tokenizer = base_on_cuda
+    model.train()
+    ids, mask, num_actions = (x.to("cuda") if torch.is_tensor(x) else x for x in grouped_sequences(tokenizer))
+    shapes = []
+    hook = model.get_input_embeddings().register_forward_hook(lambda module, inputs, output: shapes.append(inputs[0].shape))
+    try:
+        ours, _ = base.sequence_log_probs(model, ids, mask, num_actions)
+    finally:
+        hook.remove()
+    assert shapes == [(3, ids.shape[1] - num_actions + 3 * num_actions)]  # packed: SDPA on CUDA too
+    theirs = naive_log_probs(model, ids, mask, num_actions)
+    worst = (ours - theirs).abs().max().item()
+    assert worst < 0.1, f"log-probs {worst} apart"
+    params = [p for p in model.parameters() if p.requires_grad]
+    a = torch.cat([g.flatten() for g in torch.autograd.grad(ours.sum(), params)])
+    b = torch.cat([g.flatten() for g in torch.autograd.grad(theirs.sum(), params)])
+    relative = ((a - b).norm() / b.norm()).item()
+    assert b.norm() > 0 and relative < 0.05, f"LoRA gradients {relative} apart (relative norm)"
+
+
+def test_the_decode_cache_fills_in_place_on_cuda(base_on_cuda, monkeypatch):
+    """reserve_cache on the GPU: the decode steps write into room made once, rows leaving the batch as they end, and
+    draw the same tokens as with the library's update (on the CPU tested in float32; here 4-bit bf16)."""
+    base, args, model, tokenizer = base_on_cuda
+    model.eval()
+    monkeypatch.setattr(base, "stop_token_ids", lambda *args: list(range(5, 25)))  # rows end at varied steps
+    monkeypatch.setattr(base, "ENDED_SHARE", 0.25)
+    prompts = tokenizer(["What is 1 + 2?", "Say something long"], return_tensors="pt", padding=True).to("cuda")
+    reserve = base.reserve_cache
+
+    def sample(in_place):
+        monkeypatch.setattr(base, "reserve_cache", lambda cache, tokens: in_place and reserve(cache, tokens))
+        torch.manual_seed(3)
+        return base.sample(model, tokenizer, prompts.input_ids, prompts.attention_mask, 8, 30, 1.0, 1.0)
+
+    ids, actions = sample(in_place=False)
+    in_place_ids, in_place_actions = sample(in_place=True)
+    differing = (in_place_ids != ids).any(1).sum().item()
+    assert differing == 0 and torch.equal(in_place_actions, actions), f"{differing} of 16 rows differ"
+    lengths = actions.sum(1)
+    assert lengths.min() < lengths.max()  # rows left the batch at different steps
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
