@@ -996,22 +996,26 @@ def pack_prompts(input_ids, attention_mask, num_actions, config):
     window, counted in the row's columns), and every token keeps its row's position id: the same log-probs as the rows
     one by one, up to float rounding (tested).
     Returns (ids [K, L], position ids [K, L], the mask, before [B, num_actions]: where the state before each completion
-    token lies in the packed hidden states [K L, H]). Only SDPA takes such a mask: with another attention
-    (flash-attention 2 on CUDA) or another kind of layer, every row is a sequence of its own, with its 2-D mask."""
+    token lies in the packed hidden states [K L, H]). Only SDPA takes such a mask, and only on a CPU was packing
+    measured to pay: on CUDA (an H100: README, "What was verified, and where"), with another attention or another kind
+    of layer, every row is a sequence of its own, with its 2-D mask."""
     rows, width = input_ids.shape
     prompt_width, device = width - num_actions, input_ids.device
     positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # left padding: positions count real tokens only
     kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
-    sdpa = config._attn_implementation == "sdpa" and kinds <= {"full_attention", "sliding_attention"}
+    packs = (config._attn_implementation == "sdpa" and kinds <= {"full_attention", "sliding_attention"}
+             and device.type == "cpu")
     prompts = torch.cat([input_ids[:, :prompt_width], attention_mask[:, :prompt_width]], dim=1)
     group = torch.unique(prompts, dim=0, return_inverse=True)[1]  # [B]: the prompt each row continues
     member = (group[:, None] == group[None, :]).tril(-1).sum(1)  # [B]: its place among that prompt's rows
     # SDPA computes every pair of a packed sequence, masked or not: k completions of width C after a prompt of width P
     # cost (P + k C)^2 pairs (4 H FLOPs a pair and layer) instead of k (P + C)^2, and save (k - 1) P tokens of the
     # linear layers (at least 24 H^2 FLOPs a token and layer): fewer FLOPs while k < (6 H P + P^2) / C^2
-    most = max(1, int((6 * config.hidden_size * prompt_width + prompt_width**2) / num_actions**2)) if sdpa else 1
-    group = torch.unique(group * rows + member // most, return_inverse=True)[1]  # [B]: the packed sequence it joins
-    member = member % most  # [B]: its place there
+    most = max(1, int((6 * config.hidden_size * prompt_width + prompt_width**2) / num_actions**2)) if packs else 1
+    size = torch.bincount(group)[group]  # [B]: the rows that continue its prompt, split evenly (16 at most 15: 8 + 8)
+    per = -(-size // -(-size // most))  # [B]: rows in each of its prompt's packed sequences, ceil(n / ceil(n / most))
+    group = torch.unique(group * rows + member // per, return_inverse=True)[1]  # [B]: the packed sequence it joins
+    member = member % per  # [B]: its place there
     first = torch.zeros(int(group.max()) + 1, dtype=torch.long, device=device)
     first[group[member == 0]] = (member == 0).nonzero().flatten()  # the row each packed sequence takes its prompt from
     length = prompt_width + (int(member.max()) + 1) * num_actions
@@ -1026,7 +1030,7 @@ def pack_prompts(input_ids, attention_mask, num_actions, config):
     ids, position_ids = packed(input_ids), packed(positions)
     before = torch.cat([torch.full_like(where[:, :1], prompt_width - 1), where[:, :-1]], 1)  # the prompt's last token,
     before = group[:, None] * length + before  # then the completion's previous one
-    if not sdpa:  # one row a sequence (most = 1), the 2-D mask as it was
+    if not packs:  # one row a sequence (most = 1), the 2-D mask as it was
         return ids, position_ids, packed(attention_mask), before
     real = packed(attention_mask).bool()
     column = packed(torch.arange(width, device=device).expand(rows, width))  # each token's column in its row
@@ -1080,7 +1084,9 @@ def free_memory(device):
     """Bytes free for a new tensor: the GPU's free memory and what PyTorch's allocator holds unused, within this
     process's share of the GPU (torch.cuda.set_per_process_memory_fraction), or the host's MemAvailable (0 where
     /proc/meminfo is absent: then nothing is copied)."""
-    if str(device).startswith("cuda"):
+    device = torch.device(device)
+    if device.type == "cuda":
+        device = device.index if device.index is not None else torch.cuda.current_device()  # "cuda" (accelerate's)
         free, total = torch.cuda.mem_get_info(device)
         share = getattr(torch.cuda, "get_per_process_memory_fraction", lambda device: 1.0)(device)
         allocated = torch.cuda.memory_allocated(device)

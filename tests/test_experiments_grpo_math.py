@@ -285,11 +285,13 @@ def test_packed_prompts_keep_each_rows_sliding_window(experiment, window):
         assert torch.allclose(log_probs, naive_log_probs(model, ids, mask, 6), atol=1e-5)
 
 
-@pytest.mark.parametrize("completion, per_sequence", [(20, 5), (40, 2), (80, 1)])
+@pytest.mark.parametrize("completion, per_sequence", [(20, 5), (30, 3), (40, 2), (80, 1)])
 def test_a_sequence_packs_only_as_many_completions_as_save_flops(tiny, completion, per_sequence):
     """Five completions of one 10-token prompt, hidden size 64: k completions packed cost fewer FLOPs than alone while
-    k < (6 H P + P^2) / C^2, which is 9.85 at C = 20 (all five in one sequence), 2.46 at C = 40 (sequences of 2, 2
-    and 1) and 0.62 at C = 80 (each row alone); the log-probs are the textbook ones every time."""
+    k < (6 H P + P^2) / C^2, which is 9.85 at C = 20 (all five in one sequence), 4.38 at C = 30 (two sequences of 3
+    and 2, the group split evenly: not 4 and 1, whose second sequence would carry three completions' padding), 2.46
+    at C = 40 (sequences of 2, 2 and 1) and 0.62 at C = 80 (each row alone); the log-probs are the textbook ones every
+    time."""
     experiment, model, _ = tiny
     ids = torch.randint(5, 60, (5, 10 + completion), generator=torch.Generator().manual_seed(0))
     ids[:, :10] = ids[0, :10]
