@@ -931,7 +931,7 @@ def run(args):
 # ---- Plumbing: nothing below this line changes the algorithm ----
 
 import csv, fcntl, functools, glob, hashlib, http.client, importlib, inspect, json, logging, os, pickle, resource  # noqa: E401,E402
-import shutil, signal, tempfile, textwrap, threading, urllib.error, urllib.request  # noqa: E401,E402
+import shutil, signal, tempfile, textwrap, threading, urllib.error, urllib.request, weakref  # noqa: E401,E402
 
 CACHE_DIR = Path(os.environ.get("TINY_GRPO_CACHE", Path.home() / ".cache" / "tiny-grpo"))
 
@@ -1266,15 +1266,13 @@ def pack_prompts(input_ids, attention_mask, num_actions, config):
     window, counted in the row's columns), and every token keeps its row's position id: the same log-probs as the rows
     one by one, up to float rounding (tested).
     Returns (ids [K, L], position ids [K, L], the mask, before [B, num_actions]: where the state before each completion
-    token lies in the packed hidden states [K L, H]). Only SDPA takes such a mask, and only on a CPU was packing
-    measured to pay: on CUDA (an H100: README, "What was verified, and where"), with another attention or another kind
-    of layer, every row is a sequence of its own, with its 2-D mask."""
+    token lies in the packed hidden states [K L, H]). Only SDPA takes such a mask: with another attention
+    (flash-attention 2 on CUDA) or another kind of layer, every row is a sequence of its own, with its 2-D mask."""
     rows, width = input_ids.shape
     prompt_width, device = width - num_actions, input_ids.device
     positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # left padding: positions count real tokens only
     kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
-    packs = (config._attn_implementation == "sdpa" and kinds <= {"full_attention", "sliding_attention"}
-             and device.type == "cpu")
+    packs = config._attn_implementation == "sdpa" and kinds <= {"full_attention", "sliding_attention"}
     prompts = torch.cat([input_ids[:, :prompt_width], attention_mask[:, :prompt_width]], dim=1)
     group = torch.unique(prompts, dim=0, return_inverse=True)[1]  # [B]: the prompt each row continues
     member = (group[:, None] == group[None, :]).tril(-1).sum(1)  # [B]: its place among that prompt's rows
@@ -1282,7 +1280,7 @@ def pack_prompts(input_ids, attention_mask, num_actions, config):
     # cost (P + k C)^2 pairs (4 H FLOPs a pair and layer) instead of k (P + C)^2, and save (k - 1) P tokens of the
     # linear layers (at least 24 H^2 FLOPs a token and layer): fewer FLOPs while k < (6 H P + P^2) / C^2
     most = max(1, int((6 * config.hidden_size * prompt_width + prompt_width**2) / num_actions**2)) if packs else 1
-    size = torch.bincount(group)[group]  # [B]: the rows that continue its prompt, split evenly (16 at most 15: 8 + 8)
+    size = torch.bincount(group)[group]  # [B]: the rows that continue its prompt, split evenly (16, 15 at most: 8 + 8)
     per = -(-size // -(-size // most))  # [B]: rows in each of its prompt's packed sequences, ceil(n / ceil(n / most))
     group = torch.unique(group * rows + member // per, return_inverse=True)[1]  # [B]: the packed sequence it joins
     member = member % per  # [B]: its place there
@@ -1331,8 +1329,9 @@ def reserve_cache(cache, tokens):
         layer.room = tuple(x.new_empty(*x.shape[:-2], length + tokens, x.shape[-1]) for x in (layer.keys, layer.values))
         for room, filled in zip(layer.room, (layer.keys, layer.values)):
             room[..., :length, :] = filled
-        layer.update = functools.partial(update_in_place, layer)  # an instance attribute shadows the class's method
-        layer.batch_select_indices = functools.partial(select_in_place, layer)
+        me = weakref.proxy(layer)  # not layer: a layer that refers to itself stays, with its room, until Python's cycle
+        layer.update = functools.partial(update_in_place, me)  # collector runs (GBs of GPU memory through training)
+        layer.batch_select_indices = functools.partial(select_in_place, me)  # (instance attributes shadow the class's)
 
 def update_in_place(layer, keys, values, *args, **kwargs):
     """DynamicLayer.update without the copy: the new positions go into the room reserve_cache made; the filled part

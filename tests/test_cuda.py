@@ -108,12 +108,12 @@ def test_sampling_weights_on_cuda(base_on_cuda):
     assert relative < 0.05, f"logits {relative} apart (relative norm)"
 
 
-def test_rows_stay_apart_and_the_gradient_is_formed_on_cuda(base_on_cuda):
-    """sequence_log_probs as it trains on the GPU (4-bit bf16, LoRA, SDPA): each row a sequence of its own (pack_prompts
-    packs on a CPU only) and the output layer's gradient formed in the forward pass (ActionLogProb, the layer frozen),
-    against the textbook computation row by row (the model's own bf16 logits, log-softmax, autograd): log-probs and
-    LoRA gradients within bf16 rounding. On the H100 on 2026-11-27 this test passed with the rows packed (three
-    sequences of 3, 2 and 1 rows), before packing was limited to CPUs; as it stands it has not run on a GPU."""
+def test_packed_prompts_and_the_formed_gradient_on_cuda(base_on_cuda):
+    """sequence_log_probs as it trains on the GPU (4-bit bf16, LoRA, SDPA): rows that share a prompt packed into one
+    sequence with a 4-D mask (pack_prompts) and the output layer's gradient formed in the forward pass
+    (ActionLogProb, the layer frozen), against the textbook computation row by row (the model's own bf16 logits,
+    log-softmax, autograd): log-probs and LoRA gradients within bf16 rounding. Passed on an H100 on 2026-11-27
+    (before a prompt's rows were split evenly among its sequences: here each group fits one)."""
     from test_experiments_grpo_math import grouped_sequences, naive_log_probs
 
     base, args, model, tokenizer = base_on_cuda
@@ -125,7 +125,7 @@ def test_rows_stay_apart_and_the_gradient_is_formed_on_cuda(base_on_cuda):
         ours, _ = base.sequence_log_probs(model, ids, mask, num_actions)
     finally:
         hook.remove()
-    assert shapes == [ids.shape]  # not packed on CUDA
+    assert shapes == [(3, ids.shape[1] - num_actions + 3 * num_actions)]  # packed: SDPA on CUDA too
     theirs = naive_log_probs(model, ids, mask, num_actions)
     worst = (ours - theirs).abs().max().item()
     assert worst < 0.1, f"log-probs {worst} apart"
