@@ -114,17 +114,12 @@ def test_packed_prompts_and_the_formed_gradient_on_cuda(base_on_cuda):
     (ActionLogProb, the layer frozen), against the textbook computation row by row (the model's own bf16 logits,
     log-softmax, autograd): log-probs and LoRA gradients within bf16 rounding. Passed on an H100 on 2026-11-27
     (before a prompt's rows were split evenly among its sequences: here each group fits one)."""
-    from test_experiments_grpo_math import grouped_sequences, naive_log_probs
+    from test_experiments_grpo_math import grouped_sequences, log_probs_and_body_shapes, naive_log_probs
 
     base, args, model, tokenizer = base_on_cuda
     model.train()
     ids, mask, num_actions = (x.to("cuda") if torch.is_tensor(x) else x for x in grouped_sequences(tokenizer))
-    shapes = []
-    hook = model.get_input_embeddings().register_forward_hook(lambda module, inputs, output: shapes.append(inputs[0].shape))
-    try:
-        ours, _ = base.sequence_log_probs(model, ids, mask, num_actions)
-    finally:
-        hook.remove()
+    ours, shapes = log_probs_and_body_shapes(base, model, ids, mask, num_actions)
     assert shapes == [(3, ids.shape[1] - num_actions + 3 * num_actions)]  # packed: SDPA on CUDA too
     theirs = naive_log_probs(model, ids, mask, num_actions)
     worst = (ours - theirs).abs().max().item()

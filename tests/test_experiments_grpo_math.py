@@ -236,6 +236,16 @@ def grouped_sequences(tokenizer):
     return ids, mask, completions.input_ids.shape[1]
 
 
+def log_probs_and_body_shapes(experiment, model, ids, mask, num_actions):
+    """sequence_log_probs' log-probs, and the shape of each batch its body was handed (packed or not)."""
+    shapes = []
+    hook = model.get_input_embeddings().register_forward_hook(lambda module, inputs, output: shapes.append(inputs[0].shape))
+    try:
+        return experiment.sequence_log_probs(model, ids, mask, num_actions)[0], shapes
+    finally:
+        hook.remove()
+
+
 def test_rows_that_share_a_prompt_run_it_once(tiny):
     """pack_prompts: the body runs each prompt once, followed by each of its completions, and every log-prob and
     every LoRA gradient equals the textbook computation on the rows one by one (each completion sees its prompt
@@ -243,12 +253,7 @@ def test_rows_that_share_a_prompt_run_it_once(tiny):
     experiment, model, tokenizer = tiny
     model.train()
     ids, mask, num_actions = grouped_sequences(tokenizer)
-    shapes = []
-    hook = model.get_input_embeddings().register_forward_hook(lambda module, inputs, output: shapes.append(inputs[0].shape))
-    try:
-        log_probs, _ = experiment.sequence_log_probs(model, ids, mask, num_actions)
-    finally:
-        hook.remove()
+    log_probs, shapes = log_probs_and_body_shapes(experiment, model, ids, mask, num_actions)
     prompt_width = ids.shape[1] - num_actions
     assert shapes == [(3, prompt_width + 3 * num_actions)]  # 3 prompts, the longest group's 3 completions after each
     expected = naive_log_probs(model, ids, mask, num_actions)
