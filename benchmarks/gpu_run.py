@@ -22,8 +22,8 @@ AdamW, bf16, the same sizes, learning rate, beta and reward), and a table puts t
 sampled tokens per second, peak GPU memory, and their ratio. Out of memory under the cap is reported as TRL's
 result. --skip-trl runs experiment_base alone.
 
-Run on one NVIDIA H100 80GB on 2026-11-24 and 2026-11-26 (the figures are in the README's "What was verified, and where" and
-benchmarks/results/gpu_run_h100_*.json); everywhere else, --dry-run.
+Run on one NVIDIA H100 80GB on 2026-11-24, 2026-11-26 and 2026-11-27 (the figures are in the README's "What was verified,
+and where" and benchmarks/results/gpu_run_h100_*.json); everywhere else, --dry-run.
 """
 
 import argparse

@@ -1,8 +1,8 @@
 """The CUDA path, on a machine with a GPU: LoRA gradients through 4-bit NF4 weights, paged 8-bit AdamW, the sampler,
 two steps and a resume of every experiment, and experiment_accelerate_ddp under `accelerate launch` over NCCL.
 
-Skipped where CUDA is absent (CI has none); on one NVIDIA H100 on 2026-11-24 and again on 2026-11-26: 9 passed, the two-GPU test skipped
-(README, "What was verified, and where", for later runs). On a CUDA machine,
+Skipped where CUDA is absent (CI has none); on one NVIDIA H100 on 2026-11-24 and 2026-11-26: 9 passed, on 2026-11-27 (after two
+fixes it found): 12 passed, the two-GPU test skipped each time (README, "What was verified, and where"). On a CUDA machine,
 `python -m pytest tests/test_cuda.py -q`. The tiny model is the other tests' (conftest), in bfloat16 on the GPU."""
 
 import socket
