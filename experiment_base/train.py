@@ -982,8 +982,9 @@ def pack_prompts(input_ids, attention_mask, num_actions, config):
     # cost (P + k C)^2 pairs (4 H FLOPs a pair and layer) instead of k (P + C)^2, and save (k - 1) P tokens of the
     # linear layers (at least 24 H^2 FLOPs a token and layer): fewer FLOPs while k < (6 H P + P^2) / C^2
     most = max(1, int((6 * config.hidden_size * prompt_width + prompt_width**2) / num_actions**2)) if packs else 1
-    size = torch.bincount(group)[group]  # [B]: the rows that continue its prompt, split evenly (16, 15 at most: 8 + 8)
-    per = -(-size // -(-size // most))  # [B]: rows in each of its prompt's packed sequences, ceil(n / ceil(n / most))
+    size = torch.bincount(group)[group]  # [B]: the rows that continue its prompt
+    sequences = -(-size // most)  # [B]: packed sequences its prompt needs, ceil(size / most)
+    per = -(-size // sequences)  # [B]: rows in each, the prompt's rows split evenly (16 at most 15: 8 + 8, not 15 + 1)
     group = torch.unique(group * rows + member // per, return_inverse=True)[1]  # [B]: the packed sequence it joins
     member = member % per  # [B]: its place there
     first = torch.zeros(int(group.max()) + 1, dtype=torch.long, device=device)
@@ -1031,8 +1032,8 @@ def reserve_cache(cache, tokens):
         layer.room = tuple(x.new_empty(*x.shape[:-2], length + tokens, x.shape[-1]) for x in (layer.keys, layer.values))
         for room, filled in zip(layer.room, (layer.keys, layer.values)):
             room[..., :length, :] = filled
-        me = weakref.proxy(layer)  # not layer: a layer that refers to itself stays, with its room, until Python's cycle
-        layer.update = functools.partial(update_in_place, me)  # collector runs (GBs of GPU memory through training)
+        me = weakref.proxy(layer)  # not layer: a layer that refers to itself stays, with its room (the whole KV cache),
+        layer.update = functools.partial(update_in_place, me)  # until Python's cycle collector runs
         layer.batch_select_indices = functools.partial(select_in_place, me)  # (instance attributes shadow the class's)
 
 def update_in_place(layer, keys, values, *args, **kwargs):
