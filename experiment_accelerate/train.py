@@ -990,7 +990,7 @@ def sampling_weights(model, args):
 def pack_prompts(input_ids, attention_mask, num_actions, config):
     """The rows of a batch that share a prompt (their first W - num_actions columns, ids and mask), packed into one
     sequence each: [prompt, completion 1, ..., completion k], k as large as saves FLOPs (below), a prompt's rows split
-    evenly among its sequences (at most 15 a sequence: 16 rows as 8 + 8, not 15 + 1). The body then runs
+    evenly among its sequences (16 rows at most 15 a sequence: 8 + 8, not 15 + 1). The body then runs
     each prompt once per packed sequence instead of once per completion: at 4 prompts x 4 x 64 on Gemma-3 two thirds
     of every row is prompt (README, "Speed and memory against TRL"). A 4-D attention mask lets each completion token
     see the prompt and the earlier tokens of its own completion, as in its row (sliding-window layers: the same

@@ -112,8 +112,8 @@ def test_packed_prompts_and_the_formed_gradient_on_cuda(base_on_cuda):
     """sequence_log_probs as it trains on the GPU (4-bit bf16, LoRA, SDPA): rows that share a prompt packed into one
     sequence with a 4-D mask (pack_prompts) and the output layer's gradient formed in the forward pass
     (ActionLogProb, the layer frozen), against the textbook computation row by row (the model's own bf16 logits,
-    log-softmax, autograd): log-probs and LoRA gradients within bf16 rounding. Passed on an H100 on 2026-11-27
-    (before a prompt's rows were split evenly among its sequences: here each group fits one)."""
+    log-softmax, autograd): log-probs and LoRA gradients within bf16 rounding. Passed on an H100 twice on 2026-11-27,
+    before and after a prompt's rows were split evenly among its sequences (here each group fits one)."""
     from test_experiments_grpo_math import grouped_sequences, log_probs_and_body_shapes, naive_log_probs
 
     base, args, model, tokenizer = base_on_cuda
