@@ -5,8 +5,8 @@ What accelerate takes over from experiment_base (everything else is the same GRP
   - mixed precision: --mixed-precision no|bf16|fp16 (autocast; fp16 adds a gradient scaler);
   - gradient accumulation: --gradient-accumulation-steps K micro-batches per optimizer update,
     through accelerator.accumulate and accelerator.backward;
-  - checkpoints: accelerator.save_state / load_state (trainable weights, optimizer, learning-rate
-    schedule, RNG states), plus the step, the data position and the LoRA adapter in PEFT format.
+  - checkpoints: accelerator.save_state / load_state (trainable weights, optimizer, RNG states), plus
+    the step, the data position, the learning-rate schedule and the LoRA adapter in PEFT format.
 It runs in one process; experiment_accelerate_ddp is the data-parallel version for several.
 
 
@@ -594,6 +594,9 @@ def main(argv=None):
         run(args)
     except InputError as e:
         sys.exit(f"error: {e}")
+    except KeyboardInterrupt:  # during start-up (later, run saves the steps done and exits itself)
+        print("\ninterrupted while starting: no step was run, nothing to save", file=sys.stderr)
+        sys.exit(130)
 
 def run(args):
     from accelerate import Accelerator
@@ -621,14 +624,13 @@ def run(args):
     # linear warm-up, then constant: lr_t = lr * min(1, (t + 1) / (warmup + 1)), t counting optimizer updates
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: min(1.0, (t + 1) / (args.warmup_steps + 1)))
     model, optimizer = accelerator.prepare(model, optimizer)  # the optimizer then steps only when gradients are complete
-    accelerator.register_for_checkpointing(scheduler)  # not prepared: train_step steps it with each optimizer update
     accelerator.register_save_state_pre_hook(save_trainable_weights)
     accelerator.register_load_state_pre_hook(load_trainable_weights)
     step, position = resume(checkpoint_dir, accelerator, optimizer, scheduler)  # position: (data pass, index in it)
     logger, interrupts = Logger(args, step), Interrupts()
 
     def save():  # the steps done so far, as run_dir/step_N
-        save_checkpoint(run_dir / f"step_{step:06d}", accelerator, model, training_state(args, step, position),
+        save_checkpoint(run_dir / f"step_{step:06d}", accelerator, model, scheduler, training_state(args, step, position),
                         args.keep_checkpoints)
 
     progress = tqdm(total=args.max_steps, initial=step, desc=args.run_name, dynamic_ncols=True)
@@ -739,6 +741,16 @@ def folder_name(text):
     """An argparse type: one plain folder name, so that a run writes only inside --checkpoint-path and --log-dir."""
     if text in ("", ".", "..") or any(c in text for c in "/\\\0"):
         raise argparse.ArgumentTypeError(f"must be one plain folder name (no '/' or '\\', not '.' or '..'), got {text!r}")
+    return folder_path(text)
+
+def folder_path(text):
+    """An argparse type: a folder's path that can be written down (in .run, a checkpoint, a log) as UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # bytes that are no UTF-8 reach Python as lone surrogates
+        raise argparse.ArgumentTypeError(f"must be valid UTF-8, got {text.encode('utf-8', 'surrogateescape')!r}")
+    if not text:
+        raise argparse.ArgumentTypeError("expected a folder, got nothing")
     return text
 
 def split_name(text):
@@ -806,11 +818,11 @@ def add_setup_options(p):
     g = p.add_argument_group("evaluation, checkpoints, logging")
     g.add_argument("--eval-interval", type=integer("[0, inf)"), default=10, help="evaluate every N steps (0: never)")
     g.add_argument("--eval-prompts", type=integer("[1, inf)"), **by_device("eval_prompts", "held-out prompts per evaluation"))
-    g.add_argument("--checkpoint-path", default="output", help="checkpoints go to CHECKPOINT_PATH/RUN_NAME/step_N")
+    g.add_argument("--checkpoint-path", type=folder_path, default="output", help="checkpoints go to CHECKPOINT_PATH/RUN_NAME/step_N")
     g.add_argument("--checkpoint-interval", type=integer("[0, inf)"), default=20, help="save every N steps, at the end and on Ctrl-C")
     g.add_argument("--keep-checkpoints", type=integer("[0, inf)"), default=3, help="keep the newest N checkpoints of a run (0: all)")
     g.add_argument("--resume", metavar="PATH", help="continue from a checkpoint folder, or the newest one in a run folder")
-    g.add_argument("--log-dir", default="runs", help="TensorBoard root; events go to LOG_DIR/RUN_NAME")
+    g.add_argument("--log-dir", type=folder_path, default="runs", help="TensorBoard root; events go to LOG_DIR/RUN_NAME")
     g.add_argument("--run-name", type=folder_name, help="name of the run, one folder name; None: the experiment's name and the start time")
     g.add_argument("--wandb", action="store_true", help="also log to Weights & Biases (WANDB_MODE=offline works)")
     g.add_argument("--wandb-project", default="tiny_grpo", help="W&B project")
@@ -1653,6 +1665,9 @@ def claim_run(args):
     lock_folder(run_dir)
     lock_folder(log_dir)
     steps = checkpoints_in(run_dir)
+    for odd in sorted(f for f in run_dir.glob("step_*") if re.fullmatch(r"step_\d+", f.name) and not real_folder(f)):
+        print(f"{odd}: not a folder of its own (a file or a symbolic link), so no checkpoint of this run: it is neither "
+              "resumed nor removed by --keep-checkpoints", file=sys.stderr)
     resuming_here = checkpoint_dir is not None and checkpoint_dir.parent.resolve() == run_dir.resolve()
     if steps and not resuming_here:
         raise InputError(f"{run_dir} already holds the checkpoints of a run ({steps[-1].name}): --resume {run_dir} "
@@ -1676,8 +1691,13 @@ def step_number(folder):
     return int(folder.name.removeprefix("step_"))
 
 def checkpoints_in(folder):
-    """The step_N checkpoint folders in folder, oldest first by step number (as text, step_1000000 sorts first)."""
-    return sorted((f for f in Path(folder).glob("step_*") if re.fullmatch(r"step_\d+", f.name)), key=step_number)
+    """The step_N checkpoint folders in folder, oldest first by step number (as text, step_1000000 sorts first). A
+    step_N that is a file or a symbolic link is no checkpoint of this run: never resumed, never removed."""
+    return sorted((f for f in Path(folder).glob("step_*") if re.fullmatch(r"step_\d+", f.name) and real_folder(f)),
+                  key=step_number)
+
+def real_folder(path):
+    return path.is_dir() and not path.is_symlink()
 
 def lock_folder(folder):
     """Hold an exclusive lock on folder while this process lives (the folder itself: no lock file in it)."""
@@ -1711,7 +1731,46 @@ def claim_log_folder(log_dir, run_dir, resuming_here):
 
 def training_state(args, step, position):
     return {"step": step, "data_position": list(position), "run_name": args.run_name, "experiment": EXPERIMENT,
-            "args": recorded_options(args)}
+            "args": recorded_options(args), "data": data_fingerprint(args.data_path)}
+
+def data_fingerprint(path):
+    """The training data whose position a checkpoint holds: its resolved path, and the size and SHA-256 of its
+    files (for a hub id, its name alone). Written at each save (a hash takes a second per GB), compared on --resume."""
+    local = Path(path).expanduser()
+    if hub_id(path):
+        return {"path": path}
+    pattern = not local.exists() and any(c in path for c in "*?[")
+    files = sorted(Path(f) for f in glob.glob(str(local))) if pattern else [local]
+    if local.is_dir():
+        files = sorted(f for f in local.rglob("*") if f.is_file())
+    digest, size = hashlib.sha256(), 0
+    for file in files:
+        with open(file, "rb") as f:
+            digest.update(hashlib.file_digest(f, "sha256").digest())
+        size += file.stat().st_size
+    return {"path": resolved(path), "files": len(files), "bytes": size, "sha256": digest.hexdigest()}
+
+def resolved(path):
+    """A data path as --resume compares it: './data/x' and 'data/x' are one file; a hub id is its name."""
+    return path if hub_id(path) else str(Path(path).expanduser().resolve())
+
+def options_differ(state, args):
+    """The RESUME_MUST_MATCH options whose value here is not the checkpoint's, as '--name there, here' texts. The
+    data path is compared resolved, --filter as a set of fields and values, in any order."""
+    saved = state.get("args", {})
+
+    def same(name, there, here):
+        if name == "data_path":  # checkpoints before 2026-11-27 hold the path as given
+            return state.get("data", {}).get("path", resolved(there)) == resolved(here)
+        if name == "filter":
+            return filter_sets(there) == filter_sets(here)
+        return there == here
+
+    return [f"--{name.replace('_', '-')} {saved[name]} there, {getattr(args, name)} here" for name in RESUME_MUST_MATCH
+            if name in saved and not same(name, saved[name], getattr(args, name, saved[name]))]
+
+def filter_sets(filters):
+    return {(field, frozenset(values.split(","))) for field, _, values in (item.partition("=") for item in filters)}
 
 def save_trainable_weights(models, weights, output_dir):
     """accelerator.save_state hook. Left alone, save_state writes every weight, the frozen (4-bit) base model
@@ -1730,25 +1789,30 @@ def load_trainable_weights(models, input_dir):
 
     for model in models:  # one: the policy
         model = extract_model_from_parallel(model)
-        saved = load_file(Path(input_dir) / "model.safetensors")
-        mismatched = set(saved) ^ {name for name, p in model.named_parameters() if p.requires_grad}
-        if mismatched:
-            raise InputError(f"--resume {Path(input_dir).parent}: weights do not match this model ({sorted(mismatched)[:3]} ...)")
+        file = Path(input_dir) / "model.safetensors"  # a link to the checkpoint's (resume shows load_state a view)
+        saved = load_file(file)
+        check_weight_names(file.resolve().parent.parent, saved, {n: p for n, p in model.named_parameters() if p.requires_grad})
         model.load_state_dict(saved, strict=False)  # the frozen weights are not in it
     models.clear()
 
-def save_checkpoint(folder, accelerator, model, state, keep):
+def save_checkpoint(folder, accelerator, model, scheduler, state, keep):
     """Write folder atomically: everything goes to folder.partial, which is renamed when complete."""
     folder = Path(folder)
-    if folder.exists():  # saved already by this run (claim_run keeps other runs' checkpoints out)
+    if real_folder(folder):  # saved already by this run (claim_run keeps other runs' checkpoints out)
         return
+    if folder.exists() or folder.is_symlink():
+        raise InputError(f"saving {folder} failed: a file or symbolic link of that name is in the way; nothing was "
+                         "overwritten")
     partial = folder.with_name(folder.name + ".partial")
+    if partial.is_symlink():  # a left-over name must not lead the save out of the run folder
+        partial.unlink()
     shutil.rmtree(partial, ignore_errors=True)
     try:
         accelerator.unwrap_model(model).save_pretrained(partial)  # the LoRA adapter (PEFT format), or the full model
-        # trainable weights, optimizer, learning-rate schedule (registered for checkpointing), python/numpy/torch/cuda RNG
+        # trainable weights, optimizer, python/numpy/torch/cuda RNG
         accelerator.save_state(partial / "accelerate_state")
-        torch.save(state, partial / "training_state.pt")  # step, data position, run name, options
+        torch.save({**state, "scheduler": scheduler.state_dict()}, partial / "training_state.pt")  # plain data:
+        # not accelerator.register_for_checkpointing(scheduler), whose file load_state unpickles (code in it would run)
         os.replace(partial, folder)
     except Exception as e:  # a full disk, a folder gone: no half checkpoint, the earlier ones kept
         shutil.rmtree(partial, ignore_errors=True)
@@ -1790,25 +1854,88 @@ def find_checkpoint(path, args):
     experiment = state.get("experiment", EXPERIMENT)  # checkpoints before 2026-11-23 did not record it
     if experiment != EXPERIMENT:
         raise InputError(f"--resume {folder}: a checkpoint of {experiment}; resume it with {experiment}/train.py")
-    saved = state.get("args", {})
-    differs = [f"--{name.replace('_', '-')} {saved[name]} there, {getattr(args, name)} here"
-               for name in RESUME_MUST_MATCH if name in saved and saved[name] != getattr(args, name, saved[name])]
+    differs = options_differ(state, args)
+    data = data_fingerprint(args.data_path) if "sha256" in state.get("data", {}) else {}
+    if not differs and data.get("sha256") != state.get("data", {}).get("sha256"):
+        differs = [f"--data-path {args.data_path}: its files changed since the checkpoint was written ({data['bytes']:,} "
+                   f"bytes now, {state['data']['bytes']:,} then; another SHA-256)"]
     if differs:
         raise InputError(f"--resume {folder}: its weights were trained with other options, on data whose position it "
                          f"holds: {'; '.join(differs)}. Resume with the checkpoint's values, or start a new run")
     return folder
 
+# What training_state.pt must hold, and of which type, for a resume to restore the run
+STATE_KEYS = {"step": int, "data_position": list}  # the rest is in accelerate_state/ (the schedule: in both)
+
 def checkpoint_problem(folder):
-    """Why a checkpoint folder cannot be resumed (its training state does not load, its weights are missing or
-    empty), or None."""
+    """Why a checkpoint folder cannot be resumed (its training state does not load or lacks a part, its weights are
+    missing, empty or cut short), or None. Read before the model loads: a damaged newest step is passed over."""
     try:
-        load_state_file(folder)
+        state = load_state_file(folder)
     except InputError as e:
         return str(e).removeprefix(f"--resume {folder}: ")
+    if not isinstance(state, dict):
+        return f"training_state.pt holds a {type(state).__name__}, not the training state"
+    wrong = [f"{key} ({kind.__name__})" for key, kind in STATE_KEYS.items() if not isinstance(state.get(key), kind)]
+    if wrong:
+        return f"training_state.pt lacks {', '.join(wrong)}"
     weights = list(folder.glob("*.safetensors"))
     if not weights or any(w.stat().st_size == 0 for w in weights):
         return "its weights (*.safetensors) are missing or empty"
+    return next(filter(None, map(safetensors_problem, weights)), None) or accelerate_state_problem(folder, state)
+
+def accelerate_state_problem(folder, state):
+    """Why accelerate_state/ cannot be loaded, or None. Every file that load_state would read (state_files) is read
+    here first, as tensors and plain data only (weights_only; memory-mapped, not copied): a damaged one is passed
+    over, and a pickled object never runs. The schedule of a checkpoint before 2026-11-27 is custom_checkpoint_0.pkl."""
+    from accelerate.utils import load
+
+    if state.get("experiment", EXPERIMENT) != EXPERIMENT:  # find_checkpoint names the experiment that wrote it
+        return None
+    state_dir = folder / "accelerate_state"
+    needed = ["model.safetensors", "optimizer.bin", "random_states_0.pkl"] + ([] if "scheduler" in state else
+                                                                             ["custom_checkpoint_0.pkl"])
+    missing = [name for name in needed if not (state_dir / name).is_file()]
+    if missing:
+        return f"accelerate_state/ lacks {', '.join(missing)}"
+    for file in state_files(state_dir) + [state_dir / name for name in needed[3:]]:
+        if file.suffix == ".safetensors":
+            problem = safetensors_problem(file)
+            if problem:
+                return f"accelerate_state/{problem}"
+            continue
+        try:
+            load(file, map_location="cpu", mmap=True)  # accelerate's torch.load: weights_only, numpy's RNG state allowed
+        except pickle.UnpicklingError:
+            return f"accelerate_state/{file.name} holds more than tensors and plain data, so it is not loaded (it could run code)"
+        except Exception as e:  # cut short, or no torch file
+            return f"accelerate_state/{file.name} is damaged ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
     return None
+
+def state_files(state_dir):
+    """The files of accelerate_state/ that accelerator.load_state reads here: the weights, the optimizer, each
+    process's RNG state, fp16's gradient scaler."""
+    return sorted(f for f in Path(state_dir).iterdir()
+                  if re.fullmatch(r"model\.safetensors|optimizer\.bin|random_states_\d+\.pkl|scaler\.pt", f.name))
+
+def safetensors_problem(file):
+    """Why a .safetensors file cannot be read (its header damaged, its data cut short), or None; reads the header."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(file, "pt"):
+            return None
+    except Exception as e:  # SafetensorError: "incomplete metadata, file not fully covered", a bad header
+        return f"{file.name} is damaged ({str(e).splitlines()[0][:200]})"
+
+def check_weight_names(folder, saved, expected):
+    """Refuse weights whose names are not exactly the model's trainable ones: a missing tensor would be left as it
+    is (the base model's, or a fresh LoRA's), in silence."""
+    missing, unexpected = sorted(set(expected) - set(saved)), sorted(set(saved) - set(expected))
+    if missing or unexpected:
+        raise InputError(f"--resume {folder}: its weights do not match this model: {len(missing)} missing "
+                         f"{missing[:3]}, {len(unexpected)} unexpected {unexpected[:3]}; resume the step before it, or "
+                         "start a new run")
 
 def load_state_file(folder):
     """training_state.pt as plain data and tensors (weights_only): a pickled object in it could run any code."""
@@ -1827,8 +1954,13 @@ def resume(folder, accelerator, optimizer, scheduler):
     if folder is None:
         return 0, (0, 0)
     rates = [group["initial_lr"] for group in optimizer.param_groups]  # this run's --lr, before the checkpoint's
-    accelerator.load_state(folder / "accelerate_state")  # with load_trainable_weights for the weights
+    with tempfile.TemporaryDirectory(prefix="tiny-grpo-resume-") as view:  # load_state sees the files checked
+        for file in state_files(folder / "accelerate_state"):  # (checkpoint_problem), and no custom_checkpoint_N.pkl,
+            os.symlink(file.resolve(), Path(view) / file.name)  # which it would unpickle
+        accelerator.load_state(view)  # with load_trainable_weights for the weights
     state = load_state_file(folder)
+    scheduler.load_state_dict(state["scheduler"] if "scheduler" in state else  # before 2026-11-27: accelerate's file
+                              torch.load(folder / "accelerate_state" / "custom_checkpoint_0.pkl", weights_only=True))
     apply_learning_rate(optimizer, scheduler, rates, state)
     print(f"resumed from {folder} at step {state['step']}")
     return state["step"], tuple(state["data_position"])
@@ -1847,35 +1979,43 @@ def apply_learning_rate(optimizer, scheduler, rates, state):
 # -- logging
 
 class Logger:
-    """TensorBoard always; Weights & Biases with --wandb."""
+    """TensorBoard always; Weights & Biases with --wandb, its files in the same claimed folder, LOG_DIR/RUN_NAME/wandb.
+    A logger that fails (a full disk) is dropped with one warning: the run goes on, its checkpoints still saved."""
 
     def __init__(self, args, resumed_step):
         from torch.utils.tensorboard import SummaryWriter
 
+        folder = Path(args.log_dir) / args.run_name
         # purge_step drops the events a crashed run wrote after its last checkpoint
-        self.writer = SummaryWriter(Path(args.log_dir) / args.run_name, purge_step=resumed_step + 1 if resumed_step else None)
+        self.writer = SummaryWriter(folder, purge_step=resumed_step + 1 if resumed_step else None)
         self.wandb = None
         if args.wandb:
             import wandb
 
-            self.wandb = wandb.init(project=args.wandb_project, name=args.run_name, id=args.run_name,
-                                    resume="allow", config=recorded_options(args))
+            # one W&B run per run folder: the same --run-name under another --checkpoint-path is another run
+            owner = hashlib.sha1(str((Path(args.checkpoint_path) / args.run_name).resolve()).encode()).hexdigest()[:8]
+            self.wandb = wandb.init(project=args.wandb_project, name=args.run_name, id=f"{args.run_name}-{owner}",
+                                    resume="allow", config=recorded_options(args), dir=folder)
 
     def scalars(self, metrics, step):
-        for name, value in metrics.items():
-            self.writer.add_scalar(name, value, step)
-        if self.wandb:
-            self.wandb.log(metrics, step=step)
+        self.each(lambda writer: [writer.add_scalar(name, value, step) for name, value in metrics.items()],
+                  lambda run: run.log(metrics, step=step))
 
     def text(self, name, text, step):
-        self.writer.add_text(name, text, step)
-        if self.wandb:
-            self.wandb.log({name: text}, step=step)
+        self.each(lambda writer: writer.add_text(name, text, step), lambda run: run.log({name: text}, step=step))
 
     def close(self):
-        self.writer.close()
-        if self.wandb:
-            self.wandb.finish()
+        self.each(lambda writer: writer.close(), lambda run: run.finish())
+
+    def each(self, tensorboard, wandb):
+        for attribute, write in (("writer", tensorboard), ("wandb", wandb)):
+            if getattr(self, attribute) is not None:
+                try:
+                    write(getattr(self, attribute))
+                except OSError as e:  # a full disk, a folder gone: the run matters more than its curves
+                    setattr(self, attribute, None)
+                    print(f"logging to {'TensorBoard' if attribute == 'writer' else 'W&B'} failed ({e}); training "
+                          "goes on without it, and checkpoints are still saved", file=sys.stderr)
 
 def step_metrics(result, rewards, stats, rollout_seconds, seconds, device):
     """What a step logs: the rollout's rewards and terms, train_step's statistics, time and memory."""
@@ -1912,7 +2052,7 @@ def sample_text(rollout, tasks, group_size, count=4):
 # -- stopping: Ctrl-C, SIGTERM, a failed reward, divergence
 
 class Interrupts:
-    """Ctrl-C and SIGTERM raise KeyboardInterrupt at once, except inside `with interrupts.deferred():`,
+    """Ctrl-C, SIGTERM and SIGHUP raise KeyboardInterrupt at once, except inside `with interrupts.deferred():`,
     where they wait until the block ends: a checkpoint never holds half an update. Only the first one does: the run
     is stopping and saving then, and a second Ctrl-C (or a scheduler's second SIGTERM) must not cut the save short."""
 
@@ -1920,6 +2060,7 @@ class Interrupts:
         self.deferring, self.pending, self.stopping = False, None, False
         signal.signal(signal.SIGINT, self.handle)
         signal.signal(signal.SIGTERM, self.handle)  # a cluster scheduler's SIGTERM is handled like Ctrl-C
+        signal.signal(signal.SIGHUP, self.handle)  # and so is a closed terminal or ssh session
 
     def handle(self, signum, frame):
         if self.stopping:

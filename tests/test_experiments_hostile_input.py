@@ -928,3 +928,256 @@ def test_the_dense_index_cache_is_keyed_by_content(tmp_path):
     os.utime(notes, ns=(before.st_atime_ns, before.st_mtime_ns))  # and the same time, as cp -p leaves it
     assert notes.stat().st_size == before.st_size and notes.stat().st_mtime_ns == before.st_mtime_ns
     assert search.corpus_key(corpus, search.corpus_files(corpus)) != key
+
+
+# ---- round three (issue 59): a checkpoint that runs code, weights that reset in silence, a run that ends unsaved ----
+
+ACCELERATE = ["experiment_accelerate", "experiment_accelerate_ddp"]
+
+
+@pytest.fixture
+def accelerate_steps(request, tiny_model_dir, tmp_path):
+    """An accelerate copy trained 2 steps in this process, a checkpoint after each: (module, run folder)."""
+    module = load_experiment(request.param)
+    module.main([str(a) for a in tiny_run(module, tiny_model_dir, tmp_path, "--checkpoint-interval", "1", steps=2)])
+    return module, tmp_path / "out" / "r"
+
+
+@pytest.mark.parametrize("accelerate_steps", ACCELERATE, indirect=True)
+def test_accelerate_resume_never_unpickles_code(accelerate_steps, tiny_model_dir, tmp_path, capsys):
+    """accelerator.register_for_checkpointing(scheduler) made save_state write accelerate_state/custom_checkpoint_0.pkl
+    and load_state read it with weights_only=False: a pickle put there ran on --resume. The schedule is now plain data
+    in training_state.pt, and load_state is shown only the files checked to hold tensors and plain data."""
+    module, run_dir = accelerate_steps
+    state_dir = run_dir / "step_000002" / "accelerate_state"
+    assert not list(state_dir.glob("custom_checkpoint_*"))  # nothing pickled is written
+    marker = tmp_path / "code_ran"
+    torch.save({"payload": RunsCode(marker)}, state_dir / "custom_checkpoint_0.pkl")
+    module.main([str(a) for a in tiny_run(module, tiny_model_dir, tmp_path, "--resume", run_dir, steps=3)])
+    assert not marker.exists()
+    assert "resumed from" in capsys.readouterr().out and (run_dir / "step_000003").is_dir()
+    # a pickled object anywhere that load_state reads: the step is passed over, nothing runs
+    torch.save({"state": {}, "param_groups": [], "payload": RunsCode(marker)}, run_dir / "step_000003" / "accelerate_state" / "optimizer.bin")
+    module.main([str(a) for a in tiny_run(module, tiny_model_dir, tmp_path, "--resume", run_dir, steps=4)])
+    assert not marker.exists()
+    said = capsys.readouterr()
+    assert "step_000003 is damaged (accelerate_state/optimizer.bin holds more than tensors" in said.err
+    assert "at step 2" in said.out
+
+
+@pytest.mark.parametrize("accelerate_steps", ["experiment_accelerate"], indirect=True)
+def test_an_accelerate_checkpoint_of_the_old_layout_resumes_its_schedule(accelerate_steps, tiny_model_dir, tmp_path, capsys):
+    """Checkpoints written before the fix hold the schedule in custom_checkpoint_0.pkl, as plain data: it is read
+    without pickle's code (weights_only), and the run goes on where it was."""
+    module, run_dir = accelerate_steps
+    folder = run_dir / "step_000002"
+    state = torch.load(folder / "training_state.pt", weights_only=True)
+    schedule = state.pop("scheduler")
+    schedule["base_lrs"] = [5e-5] * len(schedule["base_lrs"])  # a mark that only the old file carries
+    torch.save(schedule, folder / "accelerate_state" / "custom_checkpoint_0.pkl")
+    torch.save(state, folder / "training_state.pt")
+    module.main([str(a) for a in tiny_run(module, tiny_model_dir, tmp_path, "--resume", run_dir, steps=3)])
+    assert "at step 2" in capsys.readouterr().out
+    resumed = torch.load(run_dir / "step_000003" / "training_state.pt", weights_only=True)["scheduler"]
+    assert resumed["last_epoch"] == schedule["last_epoch"] + 1  # the old schedule, one update on
+
+
+def cut_to_one_tensor(file):
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(file)
+    first = sorted(weights)[0]
+    save_file({first: weights[first]}, file, metadata={"format": "pt"})
+    return len(weights)
+
+
+@pytest.mark.parametrize("name", SINGLE_PROCESS)
+@pytest.mark.parametrize("lora", [True, False], ids=["lora", "no-lora"])
+def test_weights_missing_tensors_are_refused_not_reset(name, lora, tiny_model_dir, tmp_path, capsys):
+    """An adapter_model.safetensors (or, with --no-lora, model.safetensors) cut down to one tensor resumed with exit
+    0, the missing weights left as a fresh LoRA's (or the base model's): training silently restarted."""
+    from conftest import fails_with
+
+    module = load_experiment(name)
+    options = [] if lora else ["--no-lora"]
+    module.main([str(a) for a in tiny_run(module, tiny_model_dir, tmp_path, *options)])
+    file = tmp_path / "out" / "r" / "step_000001" / ("adapter_model.safetensors" if lora else "model.safetensors")
+    count = cut_to_one_tensor(file)
+    said = fails_with(module, tiny_run(module, tiny_model_dir, tmp_path, "--resume", file.parent, *options, steps=2), capsys)
+    assert f"its weights do not match this model: {count - 1} missing" in said and "Traceback" not in said
+    assert not (tmp_path / "out" / "r" / "step_000002").exists()
+
+
+def truncated(file):
+    file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
+
+
+def state_as_list(file):
+    torch.save([1, 2, 3], file)
+
+
+def state_without_optimizer(file):
+    state = torch.load(file, weights_only=True)
+    del state["optimizer"]
+    torch.save(state, file)
+
+
+@pytest.mark.parametrize("damage, file, says", [
+    (truncated, "adapter_model.safetensors", "adapter_model.safetensors is damaged (Error while deserializing header"),
+    (state_as_list, "training_state.pt", "training_state.pt holds a list, not the training state"),
+    (state_without_optimizer, "training_state.pt", "training_state.pt lacks optimizer (dict)"),
+], ids=["safetensors-cut-short", "state-a-list", "state-without-optimizer"])
+def test_a_damaged_newest_checkpoint_of_any_kind_is_passed_over(two_steps, tiny_model_dir, tmp_path, capsys, damage,
+                                                                file, says):
+    """Each of these gave a traceback after the model had loaded; the README promises that a damaged newest
+    checkpoint is passed over for the step before."""
+    module, run_dir = two_steps
+    damage(run_dir / "step_000002" / file)
+    module.main([str(a) for a in tiny_run(module, tiny_model_dir, tmp_path, "--resume", run_dir, steps=3)])
+    said = capsys.readouterr()
+    assert f"step_000002 is damaged ({says}" in said.err
+    assert "at step 1" in said.out and (run_dir / "step_000003").is_dir()
+
+
+@pytest.mark.parametrize("accelerate_steps", ACCELERATE, indirect=True)
+def test_a_cut_short_accelerate_optimizer_is_passed_over(accelerate_steps, tiny_model_dir, tmp_path, capsys):
+    module, run_dir = accelerate_steps
+    truncated(run_dir / "step_000002" / "accelerate_state" / "optimizer.bin")
+    module.main([str(a) for a in tiny_run(module, tiny_model_dir, tmp_path, "--resume", run_dir, steps=3)])
+    said = capsys.readouterr()
+    assert "step_000002 is damaged (accelerate_state/optimizer.bin is damaged" in said.err
+    assert "at step 1" in said.out
+
+
+@pytest.mark.parametrize("name", SINGLE_PROCESS + ["experiment_accelerate"])
+def test_keep_checkpoints_passes_over_a_step_that_is_a_link_or_a_file(name, tiny_model_dir, tmp_path, capsys):
+    """--keep-checkpoints crashed removing a step_N that was a symbolic link (rmtree refuses links) or a file: after the
+    save, or at a mid-run save, which stopped the run. They are no checkpoints of the run: kept, and said once."""
+    module = load_experiment(name)
+    module.main([str(a) for a in tiny_run(module, tiny_model_dir, tmp_path)])
+    run_dir, elsewhere = tmp_path / "out" / "r", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("not the run's")
+    (run_dir / "step_000000").symlink_to(elsewhere)
+    (run_dir / "step_0000001").write_text("a file")
+    module.main([str(a) for a in tiny_run(module, tiny_model_dir, tmp_path, "--resume", run_dir, "--checkpoint-interval",
+                                          "1", "--keep-checkpoints", "1", steps=3)])
+    said = capsys.readouterr().err
+    assert "step_000000: not a folder of its own" in said and "step_0000001: not a folder of its own" in said
+    assert sorted(p.name for p in run_dir.iterdir()) == ["step_000000", "step_0000001", "step_000003"]
+    assert (elsewhere / "keep.txt").read_text() == "not the run's"
+
+
+INTERRUPT = """
+import os, signal, sys
+sys.path.insert(0, {benchmarks!r})
+from common import load_experiment
+module = load_experiment({name!r})
+{body}
+"""
+
+
+@pytest.mark.parametrize("name", [name for name in EXPERIMENTS if name != "experiment_accelerate_ddp"])
+def test_a_closed_terminal_stops_the_run_as_sigterm_does(name):
+    """SIGHUP (a closed terminal or ssh session) killed the run, the steps since the last checkpoint lost."""
+    from conftest import run_command
+
+    body = ("interrupts = module.Interrupts()\ntry:\n    os.kill(os.getpid(), signal.SIGHUP)\n"
+            "except KeyboardInterrupt as e:\n    print('stopping on', e)")
+    result = run_command([sys.executable, "-c", INTERRUPT.format(benchmarks=str(ROOT / "benchmarks"), name=name, body=body)])
+    assert result.returncode == 0 and "stopping on SIGHUP" in result.stdout, result.stderr[-2000:]
+
+
+def test_sighup_in_data_parallel_runs_takes_note_as_sigterm_does():
+    from conftest import run_command
+
+    body = ("interrupts = module.Interrupts()\nos.kill(os.getpid(), signal.SIGHUP)\n"
+            "print('noted', signal.Signals(interrupts.pending).name)")
+    result = run_command([sys.executable, "-c", INTERRUPT.format(benchmarks=str(ROOT / "benchmarks"),
+                                                                 name="experiment_accelerate_ddp", body=body)])
+    assert result.returncode == 0 and "noted SIGHUP" in result.stdout, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_ctrl_c_while_starting_is_one_line(name, tiny_model_dir, tmp_path):
+    """Ctrl-C before the first step (here: while the model loads) printed a traceback."""
+    from conftest import run_command
+
+    argv = [str(a) for a in tiny_run(load_experiment(name), tiny_model_dir, tmp_path)]
+    body = f"def load_model(args):\n    raise KeyboardInterrupt\nmodule.load_model = load_model\nmodule.main({argv!r})"
+    result = run_command([sys.executable, "-c", INTERRUPT.format(benchmarks=str(ROOT / "benchmarks"), name=name, body=body)])
+    assert result.returncode == 130 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == "interrupted while starting: no step was run, nothing to save"
+
+
+@pytest.mark.parametrize("name", SINGLE_PROCESS + ["experiment_accelerate"])
+def test_a_full_disk_under_the_log_dir_loses_no_step(name, tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """TensorBoard's OSError (no space left on device) ended the run with a traceback, every step since the last
+    checkpoint lost. The event files' writes fail here as on a full disk, from the second write on."""
+    import errno
+
+    from tensorboard.summary.writer import record_writer
+
+    writes = []
+
+    def write(self, data):
+        writes.append(len(data))
+        if len(writes) > 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(record_writer.RecordWriter, "write", write)
+    module = load_experiment(name)
+    module.main([str(a) for a in tiny_run(module, tiny_model_dir, tmp_path, "--checkpoint-interval", "0", steps=3)])
+    said = capsys.readouterr()
+    assert said.err.count("logging to TensorBoard failed ([Errno 28] No space left on device)") == 1
+    assert "done: 3 steps" in said.out and (tmp_path / "out" / "r" / "step_000003" / "training_state.pt").is_file()
+
+
+def test_data_edited_between_a_run_and_its_resume_is_refused(two_steps, tiny_model_dir, tmp_path, capsys, monkeypatch):
+    """A data file edited between a run and its --resume was accepted: the run carried its data position into other
+    rows. The same file spelled another way, or the same --filter values in another order, were refused."""
+    from conftest import fails_with
+
+    module, run_dir = two_steps
+    monkeypatch.chdir(tmp_path)
+    argv = tiny_run(module, tiny_model_dir, tmp_path, "--resume", run_dir / "step_000001", "--run-name", "again", steps=2)
+    argv[argv.index("--data-path") + 1] = "./tasks.jsonl"  # the same file, spelled from here
+    module.main([str(a) for a in argv])
+    assert "at step 1" in capsys.readouterr().out
+    argv = tiny_run(module, tiny_model_dir, tmp_path, "--resume", run_dir, steps=3)  # (tiny_run writes the data)
+    data = tmp_path / "tasks.jsonl"
+    data.write_text(data.read_text().replace('"Say 3"', '"Say 33"'))  # one row changed, the same count of rows
+    said = fails_with(module, argv, capsys)
+    assert "--data-path" in said and "its files changed since the checkpoint was written" in said
+
+
+def test_filters_in_another_order_resume(tiny_model_dir, tmp_path, capsys):
+    from conftest import write_jsonl
+
+    module = load_experiment("experiment_base")
+
+    def run(*options, steps):
+        argv = tiny_run(module, tiny_model_dir, tmp_path, *options, steps=steps)
+        argv[argv.index("--data-path") + 1] = tmp_path / "kinds.jsonl"
+        module.main([str(a) for a in argv])
+
+    write_jsonl(tmp_path / "kinds.jsonl", [{"question": f"Say {i}", "answer": "7", "kind": f"k{i % 3}", "size": i % 2}
+                                           for i in range(12)])
+    run("--filter", "kind=k0,k1", "--filter", "size=0,1", steps=1)
+    run("--filter", "size=1,0", "--filter", "kind=k1,k0", "--resume", tmp_path / "out" / "r", steps=2)
+    assert "at step 1" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("option", ["--run-name", "--checkpoint-path", "--log-dir"])
+def test_a_name_that_is_not_utf8_is_refused_before_any_folder_is_made(experiment, option, tmp_path, capsys, monkeypatch):
+    """A --run-name or --checkpoint-path that is not valid UTF-8 (bytes a shell passes as they are) gave a
+    UnicodeEncodeError and left two locked, empty folders."""
+    import os as os_module
+
+    from conftest import fails_with
+
+    monkeypatch.chdir(tmp_path)
+    name = os_module.fsdecode(b"run-\xff")  # how Python receives such bytes in sys.argv
+    said = fails_with(experiment, ["--device", "cpu", "--model-name", tmp_path / "no-model", option, name], capsys)
+    assert option in said and "must be valid UTF-8" in said
+    assert list(tmp_path.iterdir()) == []
