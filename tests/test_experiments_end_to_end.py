@@ -175,14 +175,24 @@ def test_help_gives_every_options_default(name):
 
 
 def test_wandb_offline(tiny_model_dir, tasks, tmp_path, monkeypatch):
-    """--wandb without an account or a network (WANDB_MODE=offline): the same metrics also go to a local W&B run."""
+    """--wandb without an account or a network (WANDB_MODE=offline): the same metrics also go to a local W&B run,
+    in the run's own log folder. It wrote ./wandb/ where the run was started, outside --log-dir, and took --run-name
+    as its id: two runs of one name under other --checkpoint-paths would have merged on sync."""
     monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    result = run_script(ROOT / "experiment_base" / "train.py",
-                        *tiny_args(tiny_model_dir, tasks, tmp_path, "--max-steps", "1", "--eval-interval", "0",
-                                   "--wandb", "--wandb-project", "smoke"))
-    assert result.returncode == 0, result.stderr[-3000:]
-    runs = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
-    assert len(runs) == 1, list(tmp_path.rglob("*"))
-    log = runs[0].read_bytes()
-    assert b"rollout/reward_mean" in log and b"train/loss" in log
+    monkeypatch.delenv("WANDB_DIR", raising=False)
+    started_in = tmp_path / "started-here"
+    started_in.mkdir()
+    ids = []
+    for root in ("out", "other-out"):
+        result = run_script(ROOT / "experiment_base" / "train.py",
+                            *tiny_args(tiny_model_dir, tasks, tmp_path, "--max-steps", "1", "--eval-interval", "0",
+                                       "--wandb", "--wandb-project", "smoke", "--checkpoint-path", tmp_path / root,
+                                       "--log-dir", tmp_path / root / "runs"), cwd=started_in)
+        assert result.returncode == 0, result.stderr[-3000:]
+        runs = list((tmp_path / root / "runs").glob("*/wandb/offline-run-*/run-*.wandb"))
+        assert len(runs) == 1, list(tmp_path.rglob("*"))
+        log = runs[0].read_bytes()
+        assert b"rollout/reward_mean" in log and b"train/loss" in log
+        ids.append(runs[0].stem.removeprefix("run-"))
+    assert list(started_in.iterdir()) == []  # nothing written where the run was started
+    assert ids[0] != ids[1]  # one W&B run per run folder
