@@ -142,47 +142,6 @@ def reference_policy(model, reference=None):
     with model.disable_adapter():
         yield model
 
-def body_and_head(model):
-    """(the transformer body, LoRA layers included; the output layer as hidden [N, H] -> float32 logits [N, V]), apart
-    so that only the rows that need logits reach the output layer (262k columns for Gemma-3), as contiguous 2-D rows
-    (a strided [B, 1, H] slice makes PyTorch's CPU matmul copy the whole matrix per row: 100x slower at 262k)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    lm_head, softcap = output_layer(model)
-    return base.get_decoder(), lambda hidden: output_logits(hidden, lm_head.weight, lm_head.bias, softcap)
-
-def output_layer(model):
-    """(the output layer, a torch.nn.Linear; its logit soft-capping s, or None)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    lm_head = base.get_output_embeddings()
-    if type(lm_head) is not torch.nn.Linear:  # ActionLogProb writes out the gradient of a plain linear layer
-        raise InputError(f"the model's output layer is a {type(lm_head).__name__}, not a torch.nn.Linear: "
-                         "ActionLogProb needs it unquantized and without an adapter")
-    return lm_head, getattr(base.config, "final_logit_softcapping", None)
-
-OUTPUT_BLOCK = 1024  # on a CPU in float32, output_logits forms W h^T this many vocabulary ids at a time (README)
-
-def output_logits(hidden, weight, bias=None, softcap=None, temperature=1.0, work=None):
-    """Float32 logits z = c(W h + b) / T [N, V] of rows h [N, H]: c the Gemma-2 style soft-capping s tanh(u / s) when
-    the model has one, T the sampling temperature. Into work = (a buffer of at least V N elements in W's dtype,
-    z [n, V] float32, ...), n >= N, when given (ActionLogProb's workspace), else into new tensors. Autograd off
-    (the sampler, ActionLogProb's two passes): the products write into their buffers."""
-    x = hidden.to(weight.dtype)  # u = W h + b, taken as u^T = W h^T [V, N], not h W^T: at V = 262k PyTorch's CPU
-    # float32 kernel of h W^T was 2 to 4 times slower for a few rows, 1.4 for 64 (README, Speed and memory against TRL)
-    vocab = len(weight)
-    block = OUTPUT_BLOCK if weight.device.type == "cpu" and weight.dtype == torch.float32 else vocab  # a GPU: one product
-    if work is None:  # the sampler's: new tensors, u^T one block at a time
-        u, logits = x.new_empty(min(block, vocab), len(x)), x.new_empty(len(x), vocab, dtype=torch.float32)
-    else:  # ActionLogProb's: into its workspace (autograd is off there), u^T whole (the backward's soft-capping reads it)
-        u, logits = work[0].view(-1)[: vocab * len(x)].view(vocab, len(x)), work[1][: len(x)]
-    for start in range(0, vocab, block):  # each block of u^T goes into the logits rows while it is still in the cache:
-        ids = slice(start, start + block)  # 7 to 19% less time a rollout or a training pass, the same bits (README)
-        part = u[: min(block, vocab - start)] if work is None else u[ids]
-        torch.mm(weight[ids], x.t(), out=part) if bias is None else torch.addmm(bias[ids, None], weight[ids], x.t(), out=part)
-        logits[:, ids].copy_(part.t())  # [N, V] float32, rows contiguous
-    if softcap:
-        logits.div_(softcap).tanh_().mul_(softcap)  # c = s tanh(u / s)
-    return logits.div_(temperature) if temperature != 1 else logits  # at T = 1 the division would be a pass for nothing
-
 # ---- Prompts and rewards ----
 
 def system_prompt():
@@ -336,50 +295,33 @@ def sample_token(logits, temperature, top_p, uniforms=None):
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs * keep)
     return draw(probs, uniforms)  # one id per row, id i with probability p_i, exactly (a float32 cumsum is not)
 
-ENDED_SHARE = 0.25  # ended rows leave the decode batch once this share of it has ended (above 1: never); README
-
 @torch.no_grad()
 def sample(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, temperature, top_p):
     """Sample group_size completions for each prompt: returns completion ids [B*G, T] and action mask [B*G, T].
-    A completion ends at its first EOS (which is an action: the model learns to stop) or at one of STOP_STRINGS;
-    the loop ends when every completion has ended or the budget max_length is spent. Ended rows leave the decode
-    batch (and the KV cache) once ENDED_SHARE of it has ended: the rest no longer pay for them. Each row's draws do
-    not depend on which others still run (2 uniforms per row and token, for every row): the same tokens either way.
+    The prompts are prefilled once and their KV cache repeated G times; then every step draws one token per row from
+    softmax(logits / T). A completion ends at its first EOS (an action: the model learns to stop) or at one of
+    STOP_STRINGS; the loop ends when every completion has ended or the budget max_length is spent.
 
-    Why not model.generate: here the prompts are prefilled once and their KV cache repeated G times (generate repeats
-    each prompt G times first); each token is drawn from exactly softmax(logits / T), the distribution the loss takes
-    log-probs of, with no top-k a generation_config may add; and EOS is an action, kept in the action mask."""
-    body, head = body_and_head(model)
+    Why not model.generate: it repeats each prompt G times before the prefill; a generation_config may add a top-k,
+    so that the tokens would not come from the distribution the loss takes log-probs of; and EOS is an action here."""
+    body, head = body_and_head(model)  # the transformer; the output layer, for the rows that need logits
     stop_ids = torch.tensor(stop_token_ids(model, tokenizer), device=prompt_ids.device)  # EOS, and the config's
-    position_ids = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # left padding: positions count real tokens only
-    out = body(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids, use_cache=True)
-    cache = out.past_key_values
-    cache.batch_repeat_interleave(group_size)
-    reserve_cache(cache, max_length)  # the decode steps write into it, instead of copying it at every token
+    positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # left padding: positions count real tokens only
+    out = body(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, use_cache=True)  # prefill
+    out.past_key_values.batch_repeat_interleave(group_size)  # each prompt's cache, once for each of its G completions
     logits = head(out.last_hidden_state[:, -1]).repeat_interleave(group_size, dim=0)
-    mask = prompt_mask.repeat_interleave(group_size, dim=0)
-    rows = mask.shape[0]
-    running = torch.arange(rows, device=mask.device)  # the rows in the decode batch: logits, mask and cache hold these
-    finished = torch.zeros(rows, dtype=torch.bool, device=mask.device)
+    batch = DecodeBatch(body, head, out.past_key_values, prompt_mask.repeat_interleave(group_size, dim=0), max_length)
+    finished = torch.zeros(batch.rows, dtype=torch.bool, device=prompt_ids.device)
     tokens, actions = [], []
     for t in range(max_length):
-        uniforms = torch.rand(2, rows, 1, dtype=torch.float64, device=mask.device)[:, running] if temperature else None
-        next_ids = torch.full((rows,), tokenizer.pad_token_id, device=mask.device)
-        next_ids[running] = sample_token(logits, temperature, top_p, uniforms)
+        next_ids = batch.draw(logits, temperature, top_p, tokenizer.pad_token_id)  # a_t ~ pi(. | s_t): sample_token
         next_ids = next_ids.masked_fill(finished, tokenizer.pad_token_id)
         tokens.append(next_ids)
         actions.append(~finished)  # a token is an action if its sequence had not ended before it
         finished = finished | torch.isin(next_ids, stop_ids) | ends_with_stop_string(tokenizer, tokens, finished)
         if finished.all() or t == max_length - 1:
             break
-        mask = torch.cat([mask, actions[-1][running].long()[:, None]], dim=1)
-        if finished[running].sum() >= ENDED_SHARE * len(running):  # enough of the batch has ended: drop those rows
-            keep = (~finished[running]).nonzero().flatten()
-            cache.batch_select_indices(keep)
-            running, mask = running[keep], mask[keep]
-        out = body(input_ids=next_ids[running, None], attention_mask=mask, position_ids=mask.sum(-1, keepdim=True) - 1,
-                   past_key_values=cache, use_cache=True)
-        logits = head(out.last_hidden_state[:, -1])
+        logits = batch.step(next_ids, actions[-1], finished)  # s_t+1: one more position for the rows still running
     return torch.stack(tokens, dim=1), torch.stack(actions, dim=1).long()
 
 def add_turn(episode, turn, tokenizer, stop_ids, max_length, max_turns):
@@ -502,113 +444,35 @@ def masked_mean(x, mask, dim=None):
     mask = mask.to(x.dtype)
     return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
 
-LOGITS_CHUNK_ELEMENTS = 2**24  # sequence_log_probs takes the output layer in chunks of at most this many logits
-
-class ActionLogProb(torch.autograd.Function):
-    """The output layer and the log-prob of the action, with the gradient written out. For rows h [N, H], actions
-    a [N] and logits z = c(W h + b) / T (output_logits): log pi(a | h) = z_a - logsumexp(z), and the entropy of
-    pi(. | h) (logged only: no gradient). The gradient, by hand, g = dL/d log pi coming from the loss:
-        d log pi / dz = onehot(a) - softmax(z),  d/du = d/dz / T * (1 - y^2) with soft-capping, y = tanh(u / s),
-        dL/dh = g d log pi / du W,  dL/dW = g d log pi / du^T h,  dL/db = sum_rows g d log pi / du.
-    When only h needs it (W frozen, as under LoRA), the forward pass forms d log pi / dh = d log pi / du W while z is
-    at hand and keeps that [N, H], and the backward pass scales it by g: the [N, V] product is not taken again. When
-    W or b train too (--no-lora), g is needed inside the [N, V] gradient, so the backward pass computes z again from h
-    (no [N, V] tensor is kept between the passes). Every pass works in one workspace of [rows, V] buffers
-    (output_workspace): on a CPU a new 64 MiB tensor costs more in page faults than the arithmetic on it. Against
-    autograd's backward of the same expression: within float32 rounding (the same bits when recomputed without
-    soft-capping; tested); README, "Training against the machine's peak"."""
-
-    @staticmethod
-    def forward(ctx, hidden, weight, bias, actions, softcap, temperature, work):
-        logits = output_logits(hidden, weight, bias, softcap, temperature, work)
-        top = logits.amax(dim=-1, keepdim=True)
-        top.masked_fill_(top.abs() == math.inf, 0)
-        exp = torch.sub(logits, top, out=work[2][: len(hidden)]).exp_()  # e^(z - m)
-        total = exp.sum(dim=-1, keepdim=True)
-        log_z = (total.log() + top).squeeze(-1)  # logsumexp(z) = m + log sum_a e^(z_a - m), as torch.logsumexp
-        log_prob = logits.gather(-1, actions.unsqueeze(-1)).squeeze(-1) - log_z  # z_a - logsumexp(z)
-        p_dot_z = torch.mul(exp, logits, out=logits).sum(-1) / total.squeeze(-1)  # sum_a p(a) z_a
-        entropy = log_z - p_dot_z  # H = -sum_a p(a) log p(a) = logsumexp(z) - sum_a p(a) z_a
-        ctx.softcap, ctx.temperature, ctx.work = softcap, temperature, work
-        ctx.formed = ctx.needs_input_grad[0] and not any(ctx.needs_input_grad[1:3])  # d log pi / dh formed here
-        if ctx.formed:
-            grad_u = log_prob_gradient(exp.div_(total), logits, actions, None, ctx)  # from softmax(z) = e^(z - m) / sum
-            ctx.save_for_backward((grad_u @ weight).to(hidden.dtype))  # d log pi / dh [N, H]
-        elif any(ctx.needs_input_grad[:3]):
-            ctx.save_for_backward(hidden, weight, bias, actions, log_z)
-        ctx.mark_non_differentiable(entropy)
-        return log_prob, entropy
-
-    @staticmethod
-    def backward(ctx, grad, _):
-        if ctx.formed:
-            (grad_hidden,) = ctx.saved_tensors  # d log pi / dh, times g below
-            return (grad.unsqueeze(-1) * grad_hidden).to(grad_hidden.dtype), None, None, None, None, None, None
-        hidden, weight, bias, actions, log_z = ctx.saved_tensors
-        logits = output_logits(hidden, weight, bias, ctx.softcap, ctx.temperature, ctx.work)  # z again
-        probs = logits.sub_(log_z.unsqueeze(-1)).exp_()  # softmax(z) = e^(z - logsumexp(z))
-        grad_u = log_prob_gradient(probs, ctx.work[2][: len(hidden)], actions, grad, ctx)
-        grad_hidden = (grad_u @ weight).to(hidden.dtype) if ctx.needs_input_grad[0] else None
-        grad_weight = grad_u.t() @ hidden.to(weight.dtype) if ctx.needs_input_grad[1] else None  # --no-lora
-        grad_bias = grad_u.sum(0) if ctx.needs_input_grad[2] else None
-        return grad_hidden, grad_weight, grad_bias, None, None, None, None
-
-def log_prob_gradient(probs, spare, actions, grad, ctx):
-    """g d log pi / du [N, V] (g = 1 when None), formed in place from softmax(z) in one float32 buffer of
-    ActionLogProb's workspace (spare: another), returned in W's dtype in its first buffer, where u^T = W h^T + b
-    still is for the soft-capping."""
-    vocab = probs.shape[1]
-    flat = ctx.work[0].view(-1)[: probs.numel()]  # u^T [V, N], as output_logits left it
-    if grad is None:
-        probs.neg_().scatter_add_(-1, actions.unsqueeze(-1), torch.ones_like(probs[:, :1]))  # onehot(a) - softmax(z)
-    else:
-        probs.mul_(-grad.unsqueeze(-1)).scatter_add_(-1, actions.unsqueeze(-1), grad.unsqueeze(-1))  # g (onehot - p)
-    if ctx.temperature != 1:
-        probs.div_(ctx.temperature)  # z = c / T
-    if ctx.softcap:  # c = s tanh(u / s)
-        capped = spare.copy_(flat.view(vocab, -1).t()).div_(ctx.softcap).tanh_()  # y
-        probs.mul_(ctx.softcap).mul_(capped.mul_(capped).neg_().add_(1)).div_(ctx.softcap)  # * s (1 - y^2) / s
-    return flat.view(probs.shape).copy_(probs)  # in W's dtype, as autograd's backward of the cast
-
-def output_workspace(rows, weight):
-    """ActionLogProb's buffers for chunks of up to `rows` rows, [rows, V] each: one in W's dtype (u^T = W h^T, [V, N]
-    in its first V N elements, then dL/du [N, V]), two float32 (z, and e^(z - m) or the soft-capping's y)."""
-    vocab, device = weight.shape[0], weight.device
-    return (torch.empty(rows, vocab, dtype=weight.dtype, device=device), torch.empty(rows, vocab, device=device),
-            torch.empty(rows, vocab, device=device))
-
-def sequence_log_probs(model, input_ids, attention_mask, num_actions=None, temperature=1.0, action_mask=None):
-    """Per-token log-probs [B, T] of the last T = num_actions tokens (the episode), and the policy's entropy at
-    each, under softmax(logits / T), T the sampling temperature; masked positions hold 0. Only the action tokens
-    reach the output layer, in chunks of at most LOGITS_CHUNK_ELEMENTS logits, their gradient formed in the forward
-    pass (ActionLogProb; computed again in the backward pass under --no-lora): there is never a [batch, tokens, vocab]
-    tensor. Rows that share a prompt
-    (a group) run it once: pack_prompts.
-
+def sequence_log_probs(model, input_ids, attention_mask, num_actions=None, temperature=1.0, action_mask=None,
+                       plain=False):
+    """Per-token log-probs [B, T] of the last T = num_actions tokens (the episode) under the policy at the sampling
+    temperature T, pi = softmax(logits / T), and its entropy at each (logged, no gradient); 0 where masked:
+        log pi(a_t | s_t) = log_softmax(logits_t / T)[a_t],   H_t = -sum_a pi(a | s_t) log pi(a | s_t)
+    Below, as plain PyTorch (plain=True). It holds [B, T, V] logits (V = 262,144 for Gemma-3); the run takes
+    fast_log_probs, the same numbers without that tensor (only the action rows reach the output layer, in chunks,
+    a group's prompt once, the gradient written out): test_fast_log_probs_equal_the_plain_form holds the two
+    equal, values and gradients.
     The action tokens are where action_mask [B, T] is 1 (default: wherever the attention mask is): in an episode,
     the model's own turns, not the retrieved passages, which the body reads but the model did not choose."""
     num_actions = num_actions or input_ids.shape[1] - 1
-    ids, position_ids, mask, before = pack_prompts(input_ids, attention_mask, num_actions, model.config)
-    half = model.get_input_embeddings().weight.dtype == torch.bfloat16  # bf16 model: LoRA's products in bf16, its
-    # weights and grads in fp32; peft's cast of each LoRA input to fp32 is skipped, as autocast would undo it
-    with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=half), uncast_lora_inputs(model, half):
-        hidden = body_and_head(model)[0](input_ids=ids, attention_mask=mask, position_ids=position_ids,
-                                         use_cache=False).last_hidden_state
-    action_mask = (attention_mask[:, -num_actions:] if action_mask is None else action_mask).bool()
-    hidden = hidden.flatten(0, 1)[before[action_mask]]  # [N, H]: the state before token t predicts token t
-    actions = input_ids[:, -num_actions:][action_mask]  # [N]
-    lm_head, softcap = output_layer(model)
-    chunk = max(1, LOGITS_CHUNK_ELEMENTS // model.config.vocab_size)  # rows per chunk
-    work = output_workspace(min(chunk, len(hidden)), lm_head.weight)  # shared by the chunks' forward and backward
-    log_probs, entropy = zip(*[ActionLogProb.apply(h, lm_head.weight, lm_head.bias, a, softcap, temperature, work)
-                               for h, a in zip(hidden.split(chunk), actions.split(chunk))])
-    zeros = torch.zeros(action_mask.shape, device=hidden.device)
-    return zeros.masked_scatter(action_mask, torch.cat(log_probs)), zeros.masked_scatter(action_mask, torch.cat(entropy))
+    if not plain:
+        return fast_log_probs(model, input_ids, attention_mask, num_actions, temperature, action_mask)
+    positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # left padding: positions count real tokens only
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False).logits
+    logits = logits[:, -num_actions - 1 : -1].float() / temperature  # the state before token t predicts token t
+    log_pi = torch.log_softmax(logits, dim=-1)  # log pi(. | s_t)
+    log_probs = log_pi.gather(-1, input_ids[:, -num_actions:, None]).squeeze(-1)  # log pi(a_t | s_t)
+    entropy = -(log_pi.exp() * log_pi).sum(-1).detach()  # H_t
+    mask = attention_mask[:, -num_actions:] if action_mask is None else action_mask
+    return log_probs * mask, entropy * mask
+
 def approx_kl(log_probs, ref_log_probs, mask):
     """k3 estimator of KL(pi_theta || pi_ref), per token: exp(ref - logp) - (ref - logp) - 1 >= 0; unbiased, as the
     samples come from pi_theta (J. Schulman, Approximating KL Divergence, http://joschu.net/blog/kl-approx.html)."""
     log_ratio = (ref_log_probs - log_probs) * mask
     return (log_ratio.exp() - log_ratio - 1) * mask
+
 def grpo_loss(log_probs, old_log_probs, advantages, action_mask, clip_eps=0.2, ref_log_probs=None, kl_weight=0.0):
     """The GRPO objective, negated for minimisation, and its statistics.
 
@@ -1121,6 +985,181 @@ def sampling_weights(model, args):
     finally:
         for layer in layers:
             del layer.forward
+
+# -- the fast forms of the story's formulas: the output layer, log-probs and decode steps, each held equal to
+#    its plain form by a test
+
+def body_and_head(model):
+    """(the transformer body, LoRA layers included; the output layer as hidden [N, H] -> float32 logits [N, V]), apart
+    so that only the rows that need logits reach the output layer (262k columns for Gemma-3), as contiguous 2-D rows
+    (a strided [B, 1, H] slice makes PyTorch's CPU matmul copy the whole matrix per row: 100x slower at 262k)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    lm_head, softcap = output_layer(model)
+    return base.get_decoder(), lambda hidden: output_logits(hidden, lm_head.weight, lm_head.bias, softcap)
+
+def output_layer(model):
+    """(the output layer, a torch.nn.Linear; its logit soft-capping s, or None)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    lm_head = base.get_output_embeddings()
+    if type(lm_head) is not torch.nn.Linear:  # ActionLogProb writes out the gradient of a plain linear layer
+        raise InputError(f"the model's output layer is a {type(lm_head).__name__}, not a torch.nn.Linear: "
+                         "ActionLogProb needs it unquantized and without an adapter")
+    return lm_head, getattr(base.config, "final_logit_softcapping", None)
+
+OUTPUT_BLOCK = 1024  # on a CPU in float32, output_logits forms W h^T this many vocabulary ids at a time (README)
+
+def output_logits(hidden, weight, bias=None, softcap=None, temperature=1.0, work=None):
+    """Float32 logits z = c(W h + b) / T [N, V] of rows h [N, H]: c the Gemma-2 style soft-capping s tanh(u / s) when
+    the model has one, T the sampling temperature. Into work = (a buffer of at least V N elements in W's dtype,
+    z [n, V] float32, ...), n >= N, when given (ActionLogProb's workspace), else into new tensors. Autograd off
+    (the sampler, ActionLogProb's two passes): the products write into their buffers."""
+    x = hidden.to(weight.dtype)  # u = W h + b, taken as u^T = W h^T [V, N], not h W^T: at V = 262k PyTorch's CPU
+    # float32 kernel of h W^T was 2 to 4 times slower for a few rows, 1.4 for 64 (README, Speed and memory against TRL)
+    vocab = len(weight)
+    block = OUTPUT_BLOCK if weight.device.type == "cpu" and weight.dtype == torch.float32 else vocab  # a GPU: one product
+    if work is None:  # the sampler's: new tensors, u^T one block at a time
+        u, logits = x.new_empty(min(block, vocab), len(x)), x.new_empty(len(x), vocab, dtype=torch.float32)
+    else:  # ActionLogProb's: into its workspace (autograd is off there), u^T whole (the backward's soft-capping reads it)
+        u, logits = work[0].view(-1)[: vocab * len(x)].view(vocab, len(x)), work[1][: len(x)]
+    for start in range(0, vocab, block):  # each block of u^T goes into the logits rows while it is still in the cache:
+        ids = slice(start, start + block)  # 7 to 19% less time a rollout or a training pass, the same bits (README)
+        part = u[: min(block, vocab - start)] if work is None else u[ids]
+        torch.mm(weight[ids], x.t(), out=part) if bias is None else torch.addmm(bias[ids, None], weight[ids], x.t(), out=part)
+        logits[:, ids].copy_(part.t())  # [N, V] float32, rows contiguous
+    if softcap:
+        logits.div_(softcap).tanh_().mul_(softcap)  # c = s tanh(u / s)
+    return logits.div_(temperature) if temperature != 1 else logits  # at T = 1 the division would be a pass for nothing
+
+LOGITS_CHUNK_ELEMENTS = 2**24  # sequence_log_probs takes the output layer in chunks of at most this many logits
+
+class ActionLogProb(torch.autograd.Function):
+    """The output layer and the log-prob of the action, with the gradient written out. For rows h [N, H], actions
+    a [N] and logits z = c(W h + b) / T (output_logits): log pi(a | h) = z_a - logsumexp(z), and the entropy of
+    pi(. | h) (logged only: no gradient). The gradient, by hand, g = dL/d log pi coming from the loss:
+        d log pi / dz = onehot(a) - softmax(z),  d/du = d/dz / T * (1 - y^2) with soft-capping, y = tanh(u / s),
+        dL/dh = g d log pi / du W,  dL/dW = g d log pi / du^T h,  dL/db = sum_rows g d log pi / du.
+    When only h needs it (W frozen, as under LoRA), the forward pass forms d log pi / dh = d log pi / du W while z is
+    at hand and keeps that [N, H], and the backward pass scales it by g: the [N, V] product is not taken again. When
+    W or b train too (--no-lora), g is needed inside the [N, V] gradient, so the backward pass computes z again from h
+    (no [N, V] tensor is kept between the passes). Every pass works in one workspace of [rows, V] buffers
+    (output_workspace): on a CPU a new 64 MiB tensor costs more in page faults than the arithmetic on it. Against
+    autograd's backward of the same expression: within float32 rounding (the same bits when recomputed without
+    soft-capping; tested); README, "Training against the machine's peak"."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, actions, softcap, temperature, work):
+        logits = output_logits(hidden, weight, bias, softcap, temperature, work)
+        top = logits.amax(dim=-1, keepdim=True)
+        top.masked_fill_(top.abs() == math.inf, 0)
+        exp = torch.sub(logits, top, out=work[2][: len(hidden)]).exp_()  # e^(z - m)
+        total = exp.sum(dim=-1, keepdim=True)
+        log_z = (total.log() + top).squeeze(-1)  # logsumexp(z) = m + log sum_a e^(z_a - m), as torch.logsumexp
+        log_prob = logits.gather(-1, actions.unsqueeze(-1)).squeeze(-1) - log_z  # z_a - logsumexp(z)
+        p_dot_z = torch.mul(exp, logits, out=logits).sum(-1) / total.squeeze(-1)  # sum_a p(a) z_a
+        entropy = log_z - p_dot_z  # H = -sum_a p(a) log p(a) = logsumexp(z) - sum_a p(a) z_a
+        ctx.softcap, ctx.temperature, ctx.work = softcap, temperature, work
+        ctx.formed = ctx.needs_input_grad[0] and not any(ctx.needs_input_grad[1:3])  # d log pi / dh formed here
+        if ctx.formed:
+            grad_u = log_prob_gradient(exp.div_(total), logits, actions, None, ctx)  # from softmax(z) = e^(z - m) / sum
+            ctx.save_for_backward((grad_u @ weight).to(hidden.dtype))  # d log pi / dh [N, H]
+        elif any(ctx.needs_input_grad[:3]):
+            ctx.save_for_backward(hidden, weight, bias, actions, log_z)
+        ctx.mark_non_differentiable(entropy)
+        return log_prob, entropy
+
+    @staticmethod
+    def backward(ctx, grad, _):
+        if ctx.formed:
+            (grad_hidden,) = ctx.saved_tensors  # d log pi / dh, times g below
+            return (grad.unsqueeze(-1) * grad_hidden).to(grad_hidden.dtype), None, None, None, None, None, None
+        hidden, weight, bias, actions, log_z = ctx.saved_tensors
+        logits = output_logits(hidden, weight, bias, ctx.softcap, ctx.temperature, ctx.work)  # z again
+        probs = logits.sub_(log_z.unsqueeze(-1)).exp_()  # softmax(z) = e^(z - logsumexp(z))
+        grad_u = log_prob_gradient(probs, ctx.work[2][: len(hidden)], actions, grad, ctx)
+        grad_hidden = (grad_u @ weight).to(hidden.dtype) if ctx.needs_input_grad[0] else None
+        grad_weight = grad_u.t() @ hidden.to(weight.dtype) if ctx.needs_input_grad[1] else None  # --no-lora
+        grad_bias = grad_u.sum(0) if ctx.needs_input_grad[2] else None
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None
+
+def log_prob_gradient(probs, spare, actions, grad, ctx):
+    """g d log pi / du [N, V] (g = 1 when None), formed in place from softmax(z) in one float32 buffer of
+    ActionLogProb's workspace (spare: another), returned in W's dtype in its first buffer, where u^T = W h^T + b
+    still is for the soft-capping."""
+    vocab = probs.shape[1]
+    flat = ctx.work[0].view(-1)[: probs.numel()]  # u^T [V, N], as output_logits left it
+    if grad is None:
+        probs.neg_().scatter_add_(-1, actions.unsqueeze(-1), torch.ones_like(probs[:, :1]))  # onehot(a) - softmax(z)
+    else:
+        probs.mul_(-grad.unsqueeze(-1)).scatter_add_(-1, actions.unsqueeze(-1), grad.unsqueeze(-1))  # g (onehot - p)
+    if ctx.temperature != 1:
+        probs.div_(ctx.temperature)  # z = c / T
+    if ctx.softcap:  # c = s tanh(u / s)
+        capped = spare.copy_(flat.view(vocab, -1).t()).div_(ctx.softcap).tanh_()  # y
+        probs.mul_(ctx.softcap).mul_(capped.mul_(capped).neg_().add_(1)).div_(ctx.softcap)  # * s (1 - y^2) / s
+    return flat.view(probs.shape).copy_(probs)  # in W's dtype, as autograd's backward of the cast
+
+def output_workspace(rows, weight):
+    """ActionLogProb's buffers for chunks of up to `rows` rows, [rows, V] each: one in W's dtype (u^T = W h^T, [V, N]
+    in its first V N elements, then dL/du [N, V]), two float32 (z, and e^(z - m) or the soft-capping's y)."""
+    vocab, device = weight.shape[0], weight.device
+    return (torch.empty(rows, vocab, dtype=weight.dtype, device=device), torch.empty(rows, vocab, device=device),
+            torch.empty(rows, vocab, device=device))
+
+def fast_log_probs(model, input_ids, attention_mask, num_actions, temperature=1.0, action_mask=None):
+    """sequence_log_probs' fast form: the same log-probs and entropies (test_fast_log_probs_equal_the_plain_form).
+    Only the action tokens reach the output layer, in chunks of at most LOGITS_CHUNK_ELEMENTS logits, their gradient
+    formed in the forward pass (ActionLogProb; computed again in the backward pass under --no-lora): there is never
+    a [batch, tokens, vocab] tensor. Rows that share a prompt (a group) run it once: pack_prompts."""
+    ids, position_ids, mask, before = pack_prompts(input_ids, attention_mask, num_actions, model.config)
+    half = model.get_input_embeddings().weight.dtype == torch.bfloat16  # bf16 model: LoRA's products in bf16, its
+    # weights and grads in fp32; peft's cast of each LoRA input to fp32 is skipped, as autocast would undo it
+    with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=half), uncast_lora_inputs(model, half):
+        hidden = body_and_head(model)[0](input_ids=ids, attention_mask=mask, position_ids=position_ids,
+                                         use_cache=False).last_hidden_state
+    action_mask = (attention_mask[:, -num_actions:] if action_mask is None else action_mask).bool()
+    hidden = hidden.flatten(0, 1)[before[action_mask]]  # [N, H]: the state before token t predicts token t
+    actions = input_ids[:, -num_actions:][action_mask]  # [N]
+    lm_head, softcap = output_layer(model)
+    chunk = max(1, LOGITS_CHUNK_ELEMENTS // model.config.vocab_size)  # rows per chunk
+    work = output_workspace(min(chunk, len(hidden)), lm_head.weight)  # shared by the chunks' forward and backward
+    log_probs, entropy = zip(*[ActionLogProb.apply(h, lm_head.weight, lm_head.bias, a, softcap, temperature, work)
+                               for h, a in zip(hidden.split(chunk), actions.split(chunk))])
+    zeros = torch.zeros(action_mask.shape, device=hidden.device)
+    return zeros.masked_scatter(action_mask, torch.cat(log_probs)), zeros.masked_scatter(action_mask, torch.cat(entropy))
+
+ENDED_SHARE = 0.25  # ended rows leave the decode batch once this share of it has ended (above 1: never); README
+
+class DecodeBatch:
+    """sample's decode steps in their fast form, the same tokens as every row running to the end with the library's
+    cache (test_ended_rows_leave_the_batch_and_the_tokens_stay_the_same, test_the_decode_cache_fills_in_place_...).
+    - Ended rows leave the batch (and the KV cache) once ENDED_SHARE of it has ended: the rest no longer pay for them.
+    - Each row's draws do not depend on which others still run: 2 uniforms per row and token, for every row.
+    - The KV cache gets room for the whole budget once (reserve_cache), instead of a copy at every token."""
+
+    def __init__(self, body, head, cache, mask, max_length):
+        reserve_cache(cache, max_length)  # the decode steps write into it, instead of copying it at every token
+        self.body, self.head, self.cache, self.mask = body, head, cache, mask
+        self.rows = mask.shape[0]
+        self.running = torch.arange(self.rows, device=mask.device)  # the rows in the batch: logits, mask and cache hold these
+
+    def draw(self, logits, temperature, top_p, pad_id):
+        """One token per row from sample_token on the running rows' logits; pad for the rows out of the batch."""
+        uniforms = torch.rand(2, self.rows, 1, dtype=torch.float64, device=self.mask.device)[:, self.running] if temperature else None
+        next_ids = torch.full((self.rows,), pad_id, device=self.mask.device)
+        next_ids[self.running] = sample_token(logits, temperature, top_p, uniforms)
+        return next_ids
+
+    def step(self, next_ids, acted, finished):
+        """The next position's logits for the rows still in the batch, after next_ids (acted: the rows it was an
+        action of, whose mask it extends)."""
+        self.mask = torch.cat([self.mask, acted[self.running].long()[:, None]], dim=1)
+        if finished[self.running].sum() >= ENDED_SHARE * len(self.running):  # enough of the batch has ended: drop those rows
+            keep = (~finished[self.running]).nonzero().flatten()
+            self.cache.batch_select_indices(keep)
+            self.running, self.mask = self.running[keep], self.mask[keep]
+        out = self.body(input_ids=next_ids[self.running, None], attention_mask=self.mask,
+                        position_ids=self.mask.sum(-1, keepdim=True) - 1, past_key_values=self.cache, use_cache=True)
+        return self.head(out.last_hidden_state[:, -1])
 
 def pack_prompts(input_ids, attention_mask, num_actions, config):
     """The rows of a batch that share a prompt (their first W - num_actions columns, ids and mask), packed into one

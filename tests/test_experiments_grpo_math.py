@@ -205,21 +205,25 @@ def test_action_log_prob_gradient_is_written_out_right(experiment, dtype, softca
 
 
 @pytest.mark.parametrize("chunk_elements", [2**24, 50])  # one chunk, and many
-def test_log_probs_equal_naive_log_softmax(tiny, monkeypatch, chunk_elements):
+def test_fast_log_probs_equal_the_plain_form(tiny, monkeypatch, chunk_elements):
+    """The run's log-probs (fast_log_probs: chunks, packed prompts, the gradient written out) are the story's plain
+    log_softmax(logits / T) gathered at the actions, in values, entropies and gradients; and that plain form is the
+    textbook one written here."""
     experiment, model, tokenizer = tiny
     monkeypatch.setattr(experiment, "LOGITS_CHUNK_ELEMENTS", chunk_elements)
     model.train()
     ids, mask, num_actions, completion_mask = two_sequences(tokenizer)
 
     log_probs, entropy = experiment.sequence_log_probs(model, ids, mask, num_actions)
-    expected = naive_log_probs(model, ids, mask, num_actions)
-    assert torch.allclose(log_probs, expected, atol=1e-5)
+    plain, plain_entropy = experiment.sequence_log_probs(model, ids, mask, num_actions, plain=True)
+    assert torch.allclose(log_probs, plain, atol=1e-5) and torch.allclose(entropy, plain_entropy, atol=1e-5)
+    assert torch.allclose(plain, naive_log_probs(model, ids, mask, num_actions), atol=1e-6)
     assert (entropy >= 0).all() and (entropy[completion_mask == 0] == 0).all()
 
     # gradients agree too (the chunks are recomputed in the backward pass)
     params = [p for p in model.parameters() if p.requires_grad]
     ours = torch.autograd.grad(log_probs.sum(), params, allow_unused=True)
-    theirs = torch.autograd.grad(naive_log_probs(model, ids, mask, num_actions).sum(), params, allow_unused=True)
+    theirs = torch.autograd.grad(plain.sum(), params, allow_unused=True)
     for a, b in zip(ours, theirs):
         assert (a is None and b is None) or torch.allclose(a, b, atol=1e-5)
 
