@@ -24,9 +24,8 @@ import json
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 
-from common import ROOT, load_experiment
+from common import ROOT, load_experiment, output_folder
 from learning import plot
 
 ALGORITHMS = list(load_experiment("experiment_drgrpo").ALGORITHMS)
@@ -45,7 +44,7 @@ def parse_args(argv=None):
                    "%(default)s)")
     p.add_argument("--seed", type=int, default=42, help="the seed of every run (default: %(default)s)")
     p.add_argument("--model-name", default="packaged:gemma-3-270m", help="model (default: %(default)s)")
-    p.add_argument("--out", type=Path, default=ROOT / "runs" / "algorithms", help="output folder, a subfolder per "
+    p.add_argument("--out", type=output_folder, default=ROOT / "runs" / "algorithms", help="output folder, a subfolder per "
                    "algorithm (default: runs/algorithms)")
     p.add_argument("train_args", nargs="*", help="extra options for train.py (after --), the same for every algorithm")
     args = p.parse_args(argv)

@@ -59,6 +59,37 @@ def load_experiment(name="experiment_base"):
     return load_module(ROOT / name / "train.py", f"{name}_train")
 
 
+def output_file(text):
+    """An argparse type for an option naming a file to write (--json, --out FILE.png): refused at once, in one line,
+    when it is a folder, runs through a file, or lies where no file can be made; found only when the results were
+    written, it cost the run's work and gave a traceback. A missing folder is fine: it is made when written."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{path} is a folder: give a file's name")
+    writable_folder(path.parent)
+    return path
+
+
+def output_folder(text):
+    """An argparse type for an option naming a folder to write in (--out FOLDER), checked as output_file checks."""
+    path = Path(text)
+    writable_folder(path)
+    return path
+
+
+def writable_folder(folder):
+    """Raise ArgumentTypeError unless folder is, or can be made as, a folder to write in: its nearest existing part
+    must be a folder in which a file can be made (tried, as a temporary file: permissions, a read-only disk)."""
+    existing = next(part for part in [folder, *folder.parents] if os.path.exists(part))  # "." or "/" at the last
+    if not existing.is_dir():
+        raise argparse.ArgumentTypeError(f"{existing} is a file, not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"cannot create a file in {existing}: {e.strerror}")
+
+
 def workload_parser(description, steps, only):
     """The options both benchmarks of a GRPO step share: model, sizes, steps, dtype, data, --only, --json."""
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -70,7 +101,7 @@ def workload_parser(description, steps, only):
     p.add_argument("--dtype", default="auto", help="model dtype, as experiment_base's --dtype (default: %(default)s)")
     p.add_argument("--data-path", default=str(ROOT / "data" / "math_tasks.jsonl"), help="prompts (default: data/math_tasks.jsonl)")
     p.add_argument("--only", choices=only, help="run one of them in this process and print its JSON")
-    p.add_argument("--json", type=Path, help="also write the results as JSON here")
+    p.add_argument("--json", type=output_file, help="also write the results as JSON here")
     return p
 
 

@@ -23,9 +23,11 @@ import sys
 from pathlib import Path
 
 import torch
-from common import load_experiment, machine, resolved_dtype, write_json
+from common import load_experiment, machine, output_file, resolved_dtype, write_json
 
-TASKS = list(load_experiment().TASKS)  # experiment_base's --task choices
+BASE = load_experiment()  # whose options main() hands the values on to: they are checked here, with its types
+TASKS = list(BASE.TASKS)  # experiment_base's --task choices
+DTYPES = ["auto", "bfloat16", "float16", "float32"]  # experiment_base's --dtype choices
 
 
 def parse_args(argv=None):
@@ -34,24 +36,22 @@ def parse_args(argv=None):
     p.add_argument("--checkpoint", type=Path, help="a step_N folder written by experiment_base, or its run folder (the "
                    "newest step_N in it): its LoRA adapter is loaded, built as its adapter_config.json says")
     p.add_argument("--tasks", nargs="+", choices=TASKS, default=TASKS, help="tasks (default: all)")
-    p.add_argument("--eval-prompts", type=int, default=100, help="held-out problems per task (default: %(default)s)")
-    p.add_argument("--max-length", type=int, default=256, help="completion budget in tokens (default: %(default)s)")
-    p.add_argument("--dtype", default="auto", help="as experiment_base's --dtype (default: %(default)s)")
+    # Refused here, not by experiment_base's parser in main(): that one would print train.py's usage under this name
+    p.add_argument("--eval-prompts", type=BASE.integer("[1, inf)"), default=100,
+                   help="held-out problems per task (default: %(default)s)")
+    p.add_argument("--max-length", type=BASE.integer("[1, inf)"), default=256,
+                   help="completion budget in tokens (default: %(default)s)")
+    p.add_argument("--dtype", default="auto", choices=DTYPES, help="as experiment_base's --dtype (default: %(default)s)")
     p.add_argument("--data", action="append", default=[], metavar="TASK=PATH",
                    help="held-out file of a task instead of its default, e.g. gsm8k=/tmp/gsm8k_test.jsonl; repeatable")
     p.add_argument("--filter", action="append", default=[], metavar="FIELD=V1,V2",
                    help="as experiment_base's --filter: keep rows whose FIELD is one of the values; repeatable")
-    p.add_argument("--samples", type=int, default=0, help="also sample K completions per problem at --temperature "
+    p.add_argument("--samples", type=BASE.integer("[0, inf)"), default=0, help="also sample K completions per problem at --temperature "
                    "and report their accuracy and pass@K (default: 0, greedy only)")
-    p.add_argument("--temperature", type=float, default=1.0, help="temperature of those samples (default: %(default)s)")
-    p.add_argument("--generation-batch-size", type=int, default=64, help="sequences sampled at once (default: %(default)s)")
-    p.add_argument("--json", type=Path, help="also write the results as JSON here")
+    p.add_argument("--temperature", type=BASE.real("(0, inf)"), default=1.0, help="temperature of those samples (default: %(default)s)")
+    p.add_argument("--generation-batch-size", type=BASE.integer("[1, inf)"), default=64, help="sequences sampled at once (default: %(default)s)")
+    p.add_argument("--json", type=output_file, help="also write the results as JSON here")
     args = p.parse_args(argv)
-    if args.samples < 0 or args.generation_batch_size < 1:
-        p.error(f"--samples must be 0 or more and --generation-batch-size at least 1, got {args.samples} and "
-                f"{args.generation_batch_size}")
-    if not 0 < args.temperature < float("inf"):
-        p.error(f"--temperature must be a finite number above 0, got {args.temperature}")
     try:
         args.data = dict(item.split("=", 1) for item in args.data)
     except ValueError:
@@ -78,7 +78,10 @@ def checked_checkpoint(parser, path):
         print(f"--checkpoint: the newest checkpoint of that run, {path.name}")
     try:
         config = json.loads((path / "adapter_config.json").read_text())
-        options = ["--lora-r", str(int(config["r"])), "--lora-alpha", str(int(config["lora_alpha"]))]
+        r, alpha = int(config["r"]), int(config["lora_alpha"])
+        if min(r, alpha) < 1:
+            raise ValueError(f"r {r} and lora_alpha {alpha}, where both must be at least 1")
+        options = ["--lora-r", str(r), "--lora-alpha", str(alpha)]
     except (OSError, ValueError, KeyError, TypeError) as e:
         parser.error(f"--checkpoint {path}: its adapter_config.json does not say the adapter's r and lora_alpha ({e})")
     if not (path / "adapter_model.safetensors").is_file():

@@ -28,11 +28,10 @@ and where" and benchmarks/results/gpu_run_h100_*.json); everywhere else, --dry-r
 
 import argparse
 import tempfile
-from pathlib import Path
 
 import memory_estimate
-from common import (ROOT, build_random_llama, load_experiment, machine, project_steps, step_summary, trl_steps,
-                    workload, write_json)
+from common import (ROOT, build_random_llama, load_experiment, machine, output_file, project_steps, step_summary,
+                    trl_steps, workload, write_json)
 
 GB = 2**30
 CAPS_GB = (24, 16, 12, 8)
@@ -58,7 +57,7 @@ def parse_args(argv=None):
     p.add_argument("--dry-run", action="store_true", help="the same code on the CPU, on a 2-layer Llama of small widths, "
                    "2 prompts x 2 completions x 8 tokens, for CI; the estimate still measures Llama-3.2-1B's shapes")
     p.add_argument("--skip-trl", action="store_true", help="run experiment_base alone, not TRL's GRPOTrainer after it")
-    p.add_argument("--json", type=Path, help="also write the steps, the estimate and the recommendation as JSON here")
+    p.add_argument("--json", type=output_file, help="also write the steps, the estimate and the recommendation as JSON here")
     args = p.parse_args(argv)
     args.sizes = argparse.Namespace(**vars(args))  # the estimate and the recommendation: the sizes asked for
     if args.dry_run:

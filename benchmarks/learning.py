@@ -33,9 +33,8 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
-from common import ROOT, load_experiment, machine, resolved_dtype, scalars
+from common import ROOT, load_experiment, machine, output_file, output_folder, resolved_dtype, scalars
 
 TASKS = list(load_experiment().TASKS)  # experiment_base's --task choices
 RESULTS, FIGURE = ROOT / "benchmarks" / "results", ROOT / "benchmarks" / "figures" / "learning.png"
@@ -75,8 +74,8 @@ def parse_args(argv=None):
     p.add_argument("--seeds", type=int, default=1, help="runs, with seeds --seed, --seed + 1, ... (default: %(default)s)")
     p.add_argument("--eval-prompts", type=int, default=100, help="held-out problems per evaluation (default: %(default)s)")
     p.add_argument("--eval-interval", type=int, default=10, help="evaluate every N steps (default: %(default)s)")
-    p.add_argument("--out", type=Path, default=RESULTS, help="output folder (default: benchmarks/results)")
-    p.add_argument("--figure", type=Path, help="the curves as PNG (default: benchmarks/figures/learning.png, or "
+    p.add_argument("--out", type=output_folder, default=RESULTS, help="output folder (default: benchmarks/results)")
+    p.add_argument("--figure", type=output_file, help="the curves as PNG (default: benchmarks/figures/learning.png, or "
                    "OUT/learning.png when --out names another folder)")
     p.add_argument("--run-name", default=None, help="run name (default: learning-<time>)")
     p.add_argument("train_args", nargs="*", help="extra options for train.py, after --")

@@ -24,9 +24,8 @@ the training phase.
 
 import argparse
 import tempfile
-from pathlib import Path
 
-from common import LLAMA_3_2_1B, build_random_llama, load_experiment, machine, write_json
+from common import LLAMA_3_2_1B, build_random_llama, load_experiment, machine, output_file, write_json
 
 GB = 2**30
 
@@ -41,7 +40,7 @@ def parse_args(argv=None):
     p.add_argument("--lora-r", type=int, default=16, help="LoRA rank (default: %(default)s)")
     p.add_argument("--measure-tokens", type=int, default=256, help="tokens of the CPU measurements (default: %(default)s)")
     p.add_argument("--tiny", action="store_true", help="2 layers instead of 16 (the per-layer parts scale)")
-    p.add_argument("--json", type=Path, help="also write the parts and totals as JSON here")
+    p.add_argument("--json", type=output_file, help="also write the parts and totals as JSON here")
     args = p.parse_args(argv)
     least = {"group_size": 1, "generation_batch_size": 1, "train_batch_size": 1, "prompt_length": 1, "max_length": 1,
              "lora_r": 1, "measure_tokens": 2}  # half of the measured tokens are a completion: at least 2

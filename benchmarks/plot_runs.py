@@ -8,7 +8,8 @@ with one line per run, and prints a Markdown table of each tag's mean over the f
     python benchmarks/plot_runs.py runs/tool20 --tags rollout/reward_mean rollout/tool_calls_per_episode
 
 A run is named by its folder's name; a tag a run did not log is left out of that run's panel and
-table row, and a folder without event files is an error.
+table row, and a folder without event files is an error. An event file cut short or damaged (a copy
+stopped half-way, a full disk) is named with a warning: its records up to the damage are used.
 """
 
 import argparse
@@ -16,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from common import scalars
+from common import output_file, scalars
 
 TAGS = ["rollout/reward_mean", "rollout/accuracy", "rollout/format_rate", "train/kl"]
 
@@ -26,10 +27,29 @@ def parse_args(argv=None):
     p.add_argument("runs", nargs="+", type=Path, help="run folders holding TensorBoard event files")
     p.add_argument("--tags", nargs="+", default=TAGS, help="scalar tags to compare (default: %(default)s)")
     p.add_argument("--window", type=int, default=5, help="steps averaged at the start and the end (default: %(default)s)")
-    p.add_argument("--out", type=Path, help="write the curves here as a PNG")
+    p.add_argument("--out", type=output_file, help="write the curves here as a PNG")
     p.add_argument("--title", default="", help="the figure's title")
-    p.add_argument("--json", type=Path, help="also write the table as JSON here")
+    p.add_argument("--json", type=output_file, help="also write the table as JSON here")
     return p.parse_args(argv)
+
+
+def cut_short(events):
+    """The byte at which an event file's records stop making sense, or None when they run whole to its end. A record
+    is an 8-byte length, its 4-byte checksum, the data and the data's 4-byte checksum (TFRecord); TensorBoard's reader
+    stops at the first bad one without a word, so a file cut short reads as a run that logged less."""
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+    size, at = events.stat().st_size, 0
+    with open(events, "rb") as f:
+        while at < size:
+            header = f.read(12)
+            length = int.from_bytes(header[:8], "little")
+            whole = len(header) == 12 and at + 16 + length <= size
+            if not whole or int.from_bytes(header[8:], "little") != masked_crc32c(header[:8]):
+                return at
+            at += 16 + length
+            f.seek(at)
+    return None
 
 
 def first_and_last(points, window):
@@ -64,14 +84,20 @@ def main(argv=None):
     args = parse_args(argv)
     if args.window < 1:
         sys.exit(f"error: --window must be at least 1, got {args.window}")
-    curves = {}
+    curves, damaged = {}, []
     for folder in args.runs:
         if not any(folder.rglob("events.out.tfevents.*")):
             sys.exit(f"error: no TensorBoard event files under {folder}")
+        for events in sorted(folder.rglob("events.out.tfevents.*")):
+            at = cut_short(events)
+            if at is not None:
+                damaged.append(f"{events} is cut short or damaged: its records stop at byte {at} of {events.stat().st_size}")
+                print(f"warning: {damaged[-1]}; the steps after it are missing", file=sys.stderr)
         curves[folder.name] = scalars(folder)
     missing = [tag for tag in args.tags if not any(tag in run_curves for run_curves in curves.values())]
     if missing:
-        sys.exit(f"error: no run logged {', '.join(missing)} (--tags)")
+        sys.exit(f"error: {damaged[0]}, and no run logged {', '.join(missing)} (--tags) before that" if damaged
+                 else f"error: no run logged {', '.join(missing)} (--tags)")
 
     table = {run: {tag: first_and_last(run_curves[tag], args.window) for tag in args.tags if tag in run_curves}
              for run, run_curves in curves.items()}
@@ -87,6 +113,7 @@ def main(argv=None):
         plot(curves, args.tags, args.out, args.title)
         print(f"\nwrote {args.out}")
     if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"window": args.window, "table": table, "curves": curves}, indent=2))
 
 

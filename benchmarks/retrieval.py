@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import ROOT, load_experiment, machine, write_json
+from common import ROOT, load_experiment, machine, output_file, write_json
 
 QA = ROOT / "data" / "qa"
 
@@ -28,7 +28,7 @@ def parse_args(argv=None):
     p.add_argument("--questions", type=Path, nargs="+", default=[QA / "questions.jsonl", QA / "questions_eval.jsonl"],
                    help="JSONL with question, answer, passage_ids, hops (default: the training and held-out files)")
     p.add_argument("--max-questions", type=int, default=None, help="the first N questions only (default: all)")
-    p.add_argument("--json", type=Path, help="also write the table as JSON here")
+    p.add_argument("--json", type=output_file, help="also write the table as JSON here")
     args = p.parse_args(argv)
     if args.top_k < 1:
         p.error(f"--top-k must be at least 1, got {args.top_k}")

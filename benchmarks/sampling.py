@@ -13,11 +13,20 @@ ratio dropped / kept.
 """
 
 import argparse
+import math
 import statistics
 import time
-from pathlib import Path
 
-from common import ROOT, load_experiment, machine, resolved_dtype, workload, write_json
+from common import ROOT, load_experiment, machine, output_file, resolved_dtype, workload, write_json
+
+
+def share(text):
+    """An argparse type: a share of the decode batch, from 0 to 1. nan would never drop a row (no comparison with nan
+    holds) and a share below 0 drops at every token, as 0 does; above 1 never drops: that is the 'kept' run."""
+    value = float(text)
+    if not (math.isfinite(value) and 0 <= value <= 1):
+        raise argparse.ArgumentTypeError(f"must be a share of the batch from 0 to 1, got {text}")
+    return value
 
 
 def parse_args(argv=None):
@@ -27,11 +36,11 @@ def parse_args(argv=None):
     p.add_argument("--group-size", type=int, default=4, help="completions per prompt (default: %(default)s)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="completion budget (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=3, help="rounds of (dropped, kept) after a warm-up (default: %(default)s)")
-    p.add_argument("--shares", type=float, nargs="+", help="ENDED_SHARE values to compare as 'dropped' (default: "
-                   "experiment_base's own)")
+    p.add_argument("--shares", type=share, nargs="+", help="ENDED_SHARE values to compare as 'dropped', each from 0 "
+                   "to 1 (default: experiment_base's own)")
     p.add_argument("--dtype", default="auto", help="model dtype, as experiment_base's --dtype (default: %(default)s)")
     p.add_argument("--data-path", default=str(ROOT / "data" / "math_tasks.jsonl"), help="prompts (default: data/math_tasks.jsonl)")
-    p.add_argument("--json", type=Path, help="also write the results as JSON here")
+    p.add_argument("--json", type=output_file, help="also write the results as JSON here")
     args = p.parse_args(argv)
     if min(args.prompts, args.group_size, args.max_new_tokens, args.repeats) < 1:
         p.error("--prompts, --group-size, --max-new-tokens and --repeats must be at least 1")

@@ -661,6 +661,10 @@ def add_setup_options(p):
     g.add_argument("--mixed-precision", choices=["no", "bf16", "fp16"], help="autocast the forward passes (fp16 adds "
                    "a gradient scaler); None: the setting of `accelerate launch` or its config, else no: compute in "
                    "--dtype, as experiment_base")
+    g.add_argument("--rendezvous-timeout", type=real("(0, 1e6]"), default=300.0, help="seconds the processes wait for "
+                   "each other at the start (WORLD_SIZE of them, at MASTER_ADDR:MASTER_PORT, from the environment) "
+                   "before the run stops and says which variables asked for them; torch's own is 30 minutes. Once "
+                   "all have joined, collectives keep torch's timeouts")
     g = p.add_argument_group("task, data and reward")
     g.add_argument("--task", choices=list(TASKS), **by_device("task", "data files, worked example and answer comparison: "
                    "numbers (math, gsm8k, sequence), LaTeX by math-verify (math_latex), whole numbers in digits or words "
@@ -723,8 +727,8 @@ def complete_args(args, parser):
         args.eval_data_path = args.data_path if has_splits(args.data_path) else TASKS[args.task].eval
     if not args.lora and args.quantization != "none":
         parser.error("--no-lora trains every weight, which quantized weights cannot do: add --quantization none")
-    if args.sampling_weights == "dequantized" and args.quantization != "4bit":
-        parser.error(f"--sampling-weights dequantized needs --quantization 4bit (it is {args.quantization})")
+    if args.sampling_weights != "auto" and args.quantization != "4bit":  # both name a way to sample from 4-bit weights
+        parser.error(f"--sampling-weights {args.sampling_weights} needs --quantization 4bit (it is {args.quantization})")
     try:
         parse_weights(args.reward_weights)
     except ValueError as e:
@@ -1166,7 +1170,20 @@ def start_accelerator(args):
         torch.cuda.set_device(args.device)  # (a launched process takes cuda:LOCAL_RANK, whatever --device says)
     # cpu=True on the CPU (--device cpu, or no CUDA): the processes then talk over gloo, on GPUs over NCCL
     check_mixed_precision(args)
-    accelerator = Accelerator(cpu=args.device == "cpu", mixed_precision=args.mixed_precision)
+    from datetime import timedelta
+
+    from accelerate.utils import InitProcessGroupKwargs
+
+    announce_rendezvous(args)
+    rendezvous = InitProcessGroupKwargs(timeout=timedelta(seconds=args.rendezvous_timeout))
+    try:
+        accelerator = Accelerator(cpu=args.device == "cpu", mixed_precision=args.mixed_precision,
+                                  kwargs_handlers=[rendezvous])
+    except torch.distributed.DistError as e:  # the other processes never came: a timeout, or no master to reach
+        raise InputError(f"the {os.environ.get('WORLD_SIZE', 'several')} processes that the environment asks for did "
+                         f"not all join within --rendezvous-timeout {args.rendezvous_timeout:g} s ({process_variables()}; "
+                         f"torch: {str(e).strip().splitlines()[0][:200]}); {process_origin()}") from None
+    restore_collective_timeouts()
     if "ACCELERATE_USE_CPU" in os.environ and "WORLD_SIZE" not in os.environ and accelerator.is_main_process:
         print("accelerate launch started one process: without --multi_gpu (or a config with several processes) it "
               "starts one, whatever --num_processes says; add --multi_gpu for data parallelism", file=sys.stderr)
@@ -1183,6 +1200,55 @@ def start_accelerator(args):
         raise InputError(f"under DeepSpeed every backward pass is an optimizer step: --train-batch-size must hold "
                          f"a process's share of a step, {most} sequences, to keep one update per step")
     return accelerator
+
+def process_variables():
+    """The environment variables that make a process one of several, as they are here."""
+    return ", ".join(f"{name}={os.environ.get(name, 'unset')}" for name in ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT"))
+
+def launcher():
+    """The launcher that set WORLD_SIZE and the rest, from the marks it leaves: accelerate launch its ACCELERATE_*
+    variables, torchrun TORCHELASTIC_RUN_ID; None where neither is there."""
+    marks = sorted(name for name in os.environ if name.startswith("ACCELERATE_"))
+    if marks:
+        return f"accelerate launch ({marks[0]} is set)"
+    return "torchrun (TORCHELASTIC_RUN_ID is set)" if "TORCHELASTIC_RUN_ID" in os.environ else None
+
+def process_origin():
+    """Where the process variables came from. Without a launcher they were left in the environment (the shell of an
+    earlier torchrun, a job script): nothing starts the other processes."""
+    if launcher():
+        return f"set by {launcher()}"
+    job = f", in SLURM job {os.environ['SLURM_JOB_ID']}" if "SLURM_JOB_ID" in os.environ else ""
+    return (f"no launcher set them (no ACCELERATE_* variables, no TORCHELASTIC_RUN_ID{job}): start every process, or "
+            "unset WORLD_SIZE RANK MASTER_ADDR MASTER_PORT to run one")
+
+def announce_rendezvous(args):
+    """Before the processes wait for each other: say for what and where that came from, at once (the wait itself is
+    silent); refuse at once what cannot work. A WORLD_SIZE left in the environment made a lone process wait 30 min."""
+    world = os.environ.get("WORLD_SIZE", "1")
+    if not world.isdigit():
+        raise InputError(f"WORLD_SIZE={world!r} in the environment: expected a number of processes; {process_origin()}")
+    if int(world) <= 1:
+        return
+    if "MASTER_ADDR" not in os.environ:  # accelerate refuses it with a traceback
+        raise InputError(f"WORLD_SIZE={world} asks for {world} processes, but MASTER_ADDR (where they meet) is not set "
+                         f"({process_variables()}); {process_origin()}")
+    if os.environ.get("RANK", "0") == "0" or not launcher():  # one line a run; each stray process says it
+        print(f"waiting up to {args.rendezvous_timeout:g} s (--rendezvous-timeout) for the {world} processes that the "
+              f"environment asks for ({process_variables()}); {process_origin()}", file=sys.stderr, flush=True)
+
+def restore_collective_timeouts():
+    """init_process_group gives its timeout, here --rendezvous-timeout, to the collectives and to the store as well:
+    put torch's default back (30 min; NCCL 10), or a process waiting in a collective while the main one evaluates or
+    writes a checkpoint would stop after the rendezvous's seconds (measured with gloo: an all_reduce that waited 10 s
+    failed at a 5 s rendezvous timeout, and passed with the default put back)."""
+    if not torch.distributed.is_initialized():
+        return
+    from torch.distributed import distributed_c10d
+
+    default = distributed_c10d._get_default_timeout(torch.distributed.get_backend())
+    distributed_c10d._set_pg_timeout(default)
+    distributed_c10d._get_default_store().set_timeout(default)
 
 def check_mixed_precision(args):
     """accelerate launch passes its --mixed_precision (or its config's) as ACCELERATE_MIXED_PRECISION; fp8 needs

@@ -988,8 +988,8 @@ def complete_args(args, parser):
                      "sequences (rollouts-per-step x group-size) to split into mini-batches")
     if not args.lora and args.quantization != "none":
         parser.error("--no-lora trains every weight, which quantized weights cannot do: add --quantization none")
-    if args.sampling_weights == "dequantized" and args.quantization != "4bit":
-        parser.error(f"--sampling-weights dequantized needs --quantization 4bit (it is {args.quantization})")
+    if args.sampling_weights != "auto" and args.quantization != "4bit":  # both name a way to sample from 4-bit weights
+        parser.error(f"--sampling-weights {args.sampling_weights} needs --quantization 4bit (it is {args.quantization})")
     try:
         parse_weights(args.reward_weights)
     except ValueError as e:

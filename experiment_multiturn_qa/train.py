@@ -172,11 +172,12 @@ def format_prompt(tokenizer, question):
     dialogue = "".join(f"\nUser: {q}\nAssistant: {episode}" for q, episode in EXAMPLES)
     return f"{instructions}{dialogue}\nUser: {question}\nAssistant:"
 
-def add_prompts(model, tokenizer, args, train_tasks, eval_tasks):
+def add_prompts(model, tokenizer, args, train_tasks, eval_tasks, search=None):
     """Give every task {"question", "answer", "metadata"} its formatted prompt."""
     for task in train_tasks + eval_tasks:
         task["prompt"] = format_prompt(tokenizer, task["question"])
-    check_context(model, tokenizer, args, train_tasks, eval_tasks)  # a prompt too long for the model stops the run now
+    # a prompt too long for the model, or more passages than fit beside it, stops the run now
+    check_context(model, tokenizer, args, train_tasks, eval_tasks, search)
 
 # The reward is a weighted sum of terms, each in [0, 1] and each logged on its own (their code is below the banner):
 #   correctness  1 for an exact match of the last <answer> after normalisation (SQuAD's: lower case, no
@@ -615,7 +616,7 @@ def run(args):
     random.seed(args.seed)
     torch.manual_seed(args.seed)
     model, tokenizer = load_model(args)
-    add_prompts(model, tokenizer, args, train_tasks, eval_tasks)  # each task's prompt: the worked examples, then it
+    add_prompts(model, tokenizer, args, train_tasks, eval_tasks, search)  # each prompt: the worked examples, then it
     optimizer = make_optimizer(model, args)
     reference = None
     if not args.lora and args.kl_weight > 0:  # full fine-tuning: a frozen copy is the only way to keep pi_ref
@@ -804,7 +805,9 @@ def add_setup_options(p):
                    "and .pdf files (searched recursively), split into passages at blank lines")
     g.add_argument("--retriever", default="dense", choices=RETRIEVERS,
                    help="dense: all-MiniLM-L6-v2 embeddings in a faiss index (cached on disk); bm25: word overlap")
-    g.add_argument("--top-k", type=integer("[1, inf)"), **by_device("top_k", "passages returned per search"))
+    g.add_argument("--top-k", type=integer("[1, inf)"), **by_device("top_k", "passages returned per search; refused "
+                   "before the run when --max-turns searches of them, the longest prompt and --max-length pass the "
+                   "model's context"))
     g.add_argument("--passage-chars", type=integer("[0, inf)"), default=PASSAGE_CHARS,
                    help="each passage shown to the model is cut to this many characters (0: whole passages)")
     g = p.add_argument_group("evaluation, checkpoints, logging")
@@ -840,8 +843,8 @@ def complete_args(args, parser):
                      "sequences (rollouts-per-step x group-size) to split into mini-batches")
     if not args.lora and args.quantization != "none":
         parser.error("--no-lora trains every weight, which quantized weights cannot do: add --quantization none")
-    if args.sampling_weights == "dequantized" and args.quantization != "4bit":
-        parser.error(f"--sampling-weights dequantized needs --quantization 4bit (it is {args.quantization})")
+    if args.sampling_weights != "auto" and args.quantization != "4bit":  # both name a way to sample from 4-bit weights
+        parser.error(f"--sampling-weights {args.sampling_weights} needs --quantization 4bit (it is {args.quantization})")
     try:
         parse_weights(args.reward_weights)
     except ValueError as e:
@@ -1429,16 +1432,47 @@ def dataset_rows(path, config=None, split="train", kind=None, hub=False):
             reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise InputError(f"{where}: datasets cannot read it: {reason}")
 
-def check_context(model, tokenizer, args, train_tasks, eval_tasks):
-    """Refuse questions whose prompt, with the completion budget, does not fit the model's context: they would fail
-    (or be cut) mid-run. The longest are tokenized, not every one."""
+def check_context(model, tokenizer, args, train_tasks, eval_tasks, search=None):
+    """Refuse what does not fit the model's context, before the run: it would fail (or be cut) mid-run. A question
+    whose prompt, with the completion budget, does not fit; and, given the search tool, a --top-k whose passages do
+    not: an episode holds its prompt, the model's turns (--max-length tokens over all of them) and the <information>
+    block of each of its --max-turns searches (play_episodes). The longest prompts are tokenized, not every one."""
     context = getattr(model.config, "max_position_embeddings", None)
+    longest = 0
     for tasks, path in ((train_tasks, args.data_path), (eval_tasks, args.eval_data_path)):
         for task in sorted(tasks, key=lambda t: len(t["prompt"]))[-8:] if context else []:
             tokens = len(tokenizer(task["prompt"]).input_ids)
             if tokens + args.max_length > context:
                 raise InputError(f"{path}: the question {task['question'][:80]!r}... makes a prompt of {tokens} tokens, "
                                  f"which with --max-length {args.max_length} passes the model's context of {context}")
+            longest = max(longest, tokens)
+    if not context or search is None or args.max_turns == 0:
+        return
+    information = information_tokens(tokenizer, search.passages, args.passage_chars)
+    top_k = min(args.top_k, len(search.passages))  # a search returns at most the whole corpus
+
+    def episode(k):  # the most tokens an episode holds with k passages a search
+        return longest + args.max_length + args.max_turns * information(k)
+
+    if episode(top_k) <= context:
+        return
+    fits, over = 0, top_k  # the most passages a search may return: episode(fits) fits, episode(over) does not
+    while over - fits > 1:
+        middle = (fits + over) // 2
+        fits, over = (middle, over) if episode(middle) <= context else (fits, middle)
+    advice = f"--top-k {fits} fits" if fits else "not even one passage fits: lower --max-turns, --passage-chars or --max-length"
+    raise InputError(f"--top-k {args.top_k}: a search shows up to {information(top_k)} tokens of passages (the {top_k} "
+                     f"longest, cut to --passage-chars {args.passage_chars}); --max-turns {args.max_turns} searches of them, "
+                     f"the longest prompt's {longest} tokens and --max-length {args.max_length} make {episode(top_k)} "
+                     f"tokens, more than the model's context of {context}: {advice}")
+
+def information_tokens(tokenizer, passages, passage_chars):
+    """k -> the most tokens one search of k passages appends: the <information> block of the k passages of the corpus
+    that take the most tokens, as shown (cut to passage_chars). Each passage is tokenized once, here."""
+    shown = [replace(p, text=shorten(p.text, passage_chars)) for p in passages]
+    sizes = [len(ids) for ids in tokenizer([format_passages([p]) for p in shown], add_special_tokens=False).input_ids]
+    largest = [shown[i] for i in sorted(range(len(shown)), key=lambda i: -sizes[i])]
+    return lambda k: len(tokenizer(INFORMATION.format(format_passages(largest[:k])), add_special_tokens=False).input_ids)
 
 def next_prompts(tasks, count, position, seed):
     """The next `count` tasks of a seeded shuffle; a new shuffle each pass. position = (pass, index)."""
@@ -1686,6 +1720,7 @@ def make_search(index, top_k=3, passage_chars=PASSAGE_CHARS):
     def search(queries):
         found = index.search_batch(queries, top_k)
         return [[replace(p, text=shorten(p.text, passage_chars)) for p in passages] for passages in found]
+    search.passages = index.passages  # check_context bounds --top-k by the longest of them
     return search
 
 def load_search(args):

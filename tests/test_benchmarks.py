@@ -3,9 +3,10 @@ them for real; their figures are in README.md)."""
 
 import json
 import os
+from pathlib import Path
 
 import pytest
-from conftest import ROOT, load_experiment, run_script, write_jsonl
+from conftest import EXPERIMENTS, ROOT, load_experiment, run_script, write_jsonl
 
 
 def run_benchmark(tmp_path, script, *args, dtype=None):
@@ -327,3 +328,92 @@ def test_training_flops_count_what_a_forward_pass_multiplies(tiny_model_dir, sha
         forward = sum(counter.get_flop_counts()["Global"].values())
         log_probs.sum().backward()
     assert forward == sum(counter.get_flop_counts()["Global"].values()) == 2 * head
+
+
+# -- Nothing lost, round three (issue 59)
+
+# (module, option, what it names: a file or a folder) for every benchmark option that says where to write
+OUTPUTS = [("step_time", "--json", "file"), ("levers", "--json", "file"), ("sampling", "--json", "file"),
+           ("evaluate", "--json", "file"), ("gpu_run", "--json", "file"), ("memory_estimate", "--json", "file"),
+           ("retrieval", "--json", "file"), ("plot_runs", "--json", "file"), ("plot_runs", "--out", "file"),
+           ("learning", "--figure", "file"), ("learning", "--out", "folder"), ("algorithms", "--out", "folder")]
+
+
+@pytest.mark.parametrize("script, option, kind", OUTPUTS, ids=[f"{s}{o}" for s, o, _ in OUTPUTS])
+def test_an_output_path_that_cannot_be_written_is_refused_first(script, option, kind, tmp_path, capsys):
+    """A folder given as --json's file, a path through a file, a place nobody may write: each was found only when the
+    results were written, after the work, with a traceback. Now the options refuse them, in one line naming them."""
+    import importlib
+
+    module = importlib.import_module(script)
+    (tmp_path / "notes.txt").write_text("a file")
+    bad = [(tmp_path / "notes.txt" / "x.json", "is a file, not a folder"), (Path("/proc/tiny-grpo/x"), "cannot create")]
+    bad += [(tmp_path, "is a folder")] if kind == "file" else [(tmp_path / "notes.txt", "is a file, not a folder")]
+    runs = [str(tmp_path)] if script == "plot_runs" else []  # its positional run folders
+    for path, message in bad:
+        with pytest.raises(SystemExit) as stop:
+            module.parse_args([*runs, option, str(path)])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert stop.value.code == 2 and f"error: argument {option}: " in err[-1] and message in err[-1], (path, err)
+    assert module.parse_args([*runs, option, str(tmp_path / "new" / "folder" / "x.json")])  # made when written
+
+
+def test_evaluate_refuses_a_bad_value_with_its_own_usage(capsys):
+    """evaluate.py handed --eval-prompts, --max-length, --dtype and --generation-batch-size on to train.py's parser,
+    which refused a bad one with train.py's usage (--rollouts-per-step, --lr, ...) under evaluate.py's name."""
+    result = run_script(ROOT / "benchmarks" / "evaluate.py", "--eval-prompts", "0", timeout=120)
+    assert result.returncode == 2 and "usage: evaluate.py" in result.stderr and "--rollouts-per-step" not in result.stderr
+    assert "argument --eval-prompts: must be an integer in [1, inf), got 0" in result.stderr
+    import evaluate
+
+    for option, value in ("--max-length", "-1"), ("--dtype", "float8"), ("--generation-batch-size", "0"):
+        with pytest.raises(SystemExit):
+            evaluate.parse_args([option, value])
+        assert f"error: argument {option}: " in capsys.readouterr().err
+
+
+def test_plot_runs_names_an_event_file_cut_short(tmp_path, capsys):
+    """An event file cut short (a copy stopped half-way, a disk full) was read silently up to the cut: a cut in the
+    first records gave 'no run logged rollout/reward_mean', blaming --tags; a cut in the last one lost its steps
+    without a word. Now the file is named, cut short or damaged, and where."""
+    import plot_runs
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(tmp_path / "whole") as writer:
+        for step in range(1, 11):
+            writer.add_scalar("rollout/reward_mean", step / 10, step)
+    events = next((tmp_path / "whole").glob("events.out.tfevents.*"))
+    data = events.read_bytes()
+    for name, cut in ("early", 60), ("late", len(data) - 5):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / events.name).write_bytes(data[:cut])
+    with pytest.raises(SystemExit) as stop:
+        plot_runs.main([str(tmp_path / "early"), "--tags", "rollout/reward_mean"])
+    assert str(tmp_path / "early" / events.name) in str(stop.value.code) and "cut short" in str(stop.value.code)
+    capsys.readouterr()
+    plot_runs.main([str(tmp_path / "late"), "--tags", "rollout/reward_mean", "--json", str(tmp_path / "new" / "t.json")])
+    out, err = capsys.readouterr()
+    assert f"warning: {tmp_path / 'late' / events.name} is cut short or damaged" in err and "| late | 9 |" in out
+    assert json.loads((tmp_path / "new" / "t.json").read_text())["table"]["late"]  # a new folder for --json: made
+
+
+def test_sampling_refuses_shares_it_cannot_compare(capsys):
+    """--shares nan -5 was taken: nan never drops a row (a comparison with nan is false) and -5 drops at every token,
+    both reported as 'dropped at ...'. A share is the part of the batch that has ended: from 0 to 1."""
+    import sampling
+
+    for value in "nan", "-5", "inf", "1.5":
+        with pytest.raises(SystemExit):
+            sampling.parse_args(["--shares", "0.25", value])
+        assert "error: argument --shares: " in capsys.readouterr().err
+    assert sampling.parse_args(["--shares", "0", "0.5", "1"]).shares == [0, 0.5, 1]
+
+
+@pytest.mark.parametrize("experiment_name", EXPERIMENTS)
+def test_sampling_weights_4bit_needs_4bit_weights(experiment_name, capsys):
+    """Every train.py: --sampling-weights 4bit with --quantization none was taken without a word (there are no 4-bit
+    weights to sample from), while --sampling-weights dequantized was refused. Both are refused the same way."""
+    module = load_experiment(experiment_name)
+    with pytest.raises(SystemExit):
+        module.parse_args(["--device", "cpu", "--sampling-weights", "4bit", "--quantization", "none"])
+    assert "--sampling-weights 4bit needs --quantization 4bit (it is none)" in capsys.readouterr().err

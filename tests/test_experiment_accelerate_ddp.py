@@ -256,3 +256,44 @@ def test_configs_hold_only_fields_accelerate_knows():
             assert not unknown, (path, unknown)
     assert ClusterConfig.from_yaml_file(ROOT / "experiment_accelerate_ddp/multi_node.yaml").num_machines == 2
     assert not list((ROOT / "experiment_accelerate_ddp").glob("*fsdp*"))
+
+
+# -- Nothing lost, round three (issue 59)
+
+
+def test_a_stray_world_size_says_what_it_waits_for_and_stops_soon(tiny_model_dir, tmp_path):
+    """WORLD_SIZE=2 left in the environment (after torchrun, or by a job script) made `python train.py` wait 30
+    minutes without a word: the rendezvous waits for a second process that nobody starts. Now the run says at once
+    what it waits for and that no launcher set it, and stops after --rendezvous-timeout with one line naming
+    WORLD_SIZE; with no MASTER_ADDR it stops at once, naming it."""
+    import subprocess
+    import time
+
+    from conftest import hang_guard
+
+    def run(env):  # env as it is: run_command would add this process's environment back
+        with hang_guard("train.py with a stray WORLD_SIZE", 90):
+            return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], cwd=tmp_path, env=env,
+                                  capture_output=True, text=True, timeout=90)
+
+    data = write_jsonl(tmp_path / "tasks.jsonl", [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(4)])
+    args = ["--model-name", tiny_model_dir, "--device", "cpu", "--quantization", "none", "--dtype", "float32",
+            "--data-path", data, "--group-size", "2", "--rollouts-per-step", "1", "--max-length", "4", "--max-steps", "1",
+            "--eval-interval", "0", "--log-dir", tmp_path / "runs", "--checkpoint-path", tmp_path / "out",
+            "--rendezvous-timeout", "5"]
+    env = {key: value for key, value in ENV.items() if not key.startswith(("ACCELERATE_", "TORCHELASTIC_", "LOCAL_"))}
+    stray = {**env, "WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    started = time.monotonic()
+    result = run(stray)
+    assert time.monotonic() - started < 90
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    waiting = next(line for line in lines if line.startswith("waiting up to 5 s"))
+    assert "WORLD_SIZE=2" in waiting and "no launcher" in waiting and "MASTER_PORT" in waiting
+    assert lines[-1].startswith("error: ") and "WORLD_SIZE=2" in lines[-1] and "--rendezvous-timeout 5" in lines[-1]
+    assert [line for line in lines if line.startswith("error")] == [lines[-1]]
+    no_master = {key: value for key, value in stray.items() if key != "MASTER_ADDR"}
+    result = run(no_master)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "WORLD_SIZE=2" in last and "MASTER_ADDR" in last

@@ -443,3 +443,41 @@ def test_missing_or_empty_corpus_dir(qa, tmp_path, capsys):
 ])
 def test_bad_option_values(qa, capsys, argv, expected):
     assert expected in fails_with(qa, argv, capsys)
+
+
+# -- Nothing lost, round three (issue 59)
+
+
+def test_top_k_is_bounded_by_what_fits_the_context(qa, tiny_model_dir, tmp_path, capsys, monkeypatch):
+    """--top-k was bounded by the corpus only, and check_context counted the prompt and --max-length but not the
+    passages: an episode of --max-turns searches of --top-k passages each could pass the model's context mid-run (the
+    tiny model's 2,048 positions: 3 searches of 3 passages of about 320 tokens each, 2,900 tokens before the prompt).
+    Now --top-k is refused before the run, with the numbers and the --top-k that fits; that one passes the check."""
+    import re
+
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    for i in range(12):  # passages of about 290 characters: about 320 tokens each shown (character tokens)
+        (folder / f"town_{i}.md").write_text(f"Town {i} lies on the river. " * 10 + "\n")
+    monkeypatch.setattr(qa, "format_prompt", lambda tokenizer, question: f"Q: {question}\nA:")
+    data = write_jsonl(tmp_path / "q.jsonl", [{"question": "Where is Brio?", "answer": "Miogriarary"}] * 4)
+    argv = ["--model-name", tiny_model_dir, "--device", "cpu", "--quantization", "none", "--dtype", "float32",
+            "--data-path", data, "--eval-data-path", data, "--corpus-dir", folder, "--retriever", "bm25",
+            "--max-turns", "3", "--max-length", "16", "--group-size", "2", "--rollouts-per-step", "1",
+            "--max-steps", "1", "--eval-interval", "0", "--log-dir", tmp_path / "runs", "--checkpoint-path",
+            tmp_path / "out"]
+    said = fails_with(qa, argv + ["--top-k", "3"], capsys)  # sys.exit's message, then stderr
+    message = said.splitlines()[0]
+    assert message.startswith("error: --top-k 3: ") and "2048" in message and "--max-turns 3" in message, message
+    fits = int(re.search(r"--top-k (\d+) fits", message).group(1))
+    assert 1 <= fits < 3
+    module, model, tokenizer = load_tiny(qa, tiny_model_dir)
+    tasks = [{"question": "Where is Brio?", "prompt": "Q: Where is Brio?\nA:"}]
+    for k in fits, fits + 1:
+        args = qa.parse_args([str(a) for a in argv + ["--top-k", k]])
+        search = qa.make_search(qa.SearchIndex(folder, "bm25"), args.top_k, args.passage_chars)
+        if k == fits:
+            qa.check_context(model, tokenizer, args, tasks, tasks, search)  # fits: no error
+        else:
+            with pytest.raises(qa.InputError, match=f"--top-k {k}: "):
+                qa.check_context(model, tokenizer, args, tasks, tasks, search)

@@ -150,7 +150,7 @@ def test_nested_json_and_huge_exponents_are_answered(server):
 
 def test_a_hundred_clients_at_once_and_a_silent_one(tmp_path):
     """A listen backlog of 5 reset 32 of 100 clients arriving at once; 50 clients that never sent their body held 50
-    threads for ever. Now all 100 are answered, and a silent client is dropped after --client-timeout."""
+    threads for ever. Now all 100 are answered, and a silent client gets 400 and is dropped after --client-timeout."""
     import threading
 
     process, url = start_server(tmp_path, "--quiet", "--client-timeout", "1")
@@ -172,8 +172,10 @@ def test_a_hundred_clients_at_once_and_a_silent_one(tmp_path):
         for thread in threads:
             thread.join(60)
         assert results.count((200, {"rewards": [1.0]})) == 100, [r for r in results if r != (200, {"rewards": [1.0]})][:3]
-        started = time.monotonic()
-        assert silent.recv(100) == b""  # the server closed it
+        started, reply = time.monotonic(), b""
+        while chunk := silent.recv(65536):  # the server answers 400 (issue 59: it used to hang up without a word), then closes
+            reply += chunk
+        assert reply.split(b" ", 2)[1] == b"400" and b"--client-timeout" in reply
         assert time.monotonic() - started < 5
         silent.close()
     finally:
@@ -218,3 +220,63 @@ def test_values_the_scripts_cannot_run_are_refused(script, option):
     refused by its option, with the range."""
     result = run_script(script, *option, timeout=60)
     assert result.returncode == 2 and option[0] in result.stderr and "Traceback" not in result.stderr
+
+
+# -- Nothing lost, round three (issue 59)
+
+
+def raw_request(url, request, half_close=False, timeout=10):
+    """Send request (bytes) as it is on a new connection; returns everything the server sent back before closing.
+    half_close: shut our sending side after the request, so the server sees the body end there."""
+    with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=timeout) as connection:
+        connection.sendall(request)
+        if half_close:
+            connection.shutdown(socket.SHUT_WR)
+        reply = b""
+        while chunk := connection.recv(65536):
+            reply += chunk
+    return reply
+
+
+def post_with_headers(url, headers, body=b'{"completions": [], "answers": []}', half_close=False):
+    """(status, reply) for a POST /reward whose header lines are given as they are."""
+    request = b"POST /reward HTTP/1.1\r\nHost: x\r\n" + b"".join(h + b"\r\n" for h in headers) + b"\r\n" + body
+    reply = raw_request(url, request, half_close)
+    status = int(reply.split(b" ", 2)[1])
+    return status, json.loads(reply.split(b"\r\n\r\n", 1)[1])
+
+
+def test_a_content_length_that_is_not_plain_digits_is_refused(server):
+    """int() took "+34", "3_4" and "-0" as numbers: a Content-Length other than decimal digits is now a bad request
+    (the superscript two is a digit to str.isdigit, not to the check)."""
+    for value in b"+34", b"3_4", b"-0", b"0x22", b"34, 34", b"\xb2":
+        status, reply = post_with_headers(server, [b"Content-Length: " + value])
+        assert status == 400 and "Content-Length" in reply["error"], (value, reply)
+
+
+def test_two_different_content_lengths_are_refused_and_two_equal_ones_taken(server):
+    status, reply = post_with_headers(server, [b"Content-Length: 34", b"Content-Length: 33"])
+    assert status == 400 and "Content-Length" in reply["error"] and "34" in reply["error"], reply
+    assert post_with_headers(server, [b"Content-Length: 34", b"Content-Length: 34 "]) == (200, {"rewards": []})
+
+
+def test_a_body_shorter_than_its_content_length_gets_400(tmp_path):
+    """The server waited for bytes that never came, then dropped the connection without an answer. Now a body that
+    ends early, or is not all in by --client-timeout, gets 400 naming both sizes."""
+    process, url = start_server(tmp_path, "--quiet", "--client-timeout", "1")
+    try:
+        status, reply = post_with_headers(url, [b"Content-Length: 100"], b'{"completions": []', half_close=True)
+        assert status == 400 and "18" in reply["error"] and "100" in reply["error"], reply
+        started = time.monotonic()
+        status, reply = post_with_headers(url, [b"Content-Length: 100"], b'{"completions": []')  # and it waits
+        assert status == 400 and "18" in reply["error"] and "--client-timeout" in reply["error"], reply
+        assert time.monotonic() - started < 5
+        assert "Traceback" not in (tmp_path / "server.log").read_text()
+    finally:
+        stop_server(process)
+
+
+def test_a_query_string_does_not_hide_the_path(server):
+    status, reply = call(server + "/reward?x=1", {"completions": ["<answer>4</answer>"], "answers": ["4"]})
+    assert (status, reply) == (200, {"rewards": [1.0]})
+    assert call(server + "/health?probe=1") == (200, {"status": "ok"})

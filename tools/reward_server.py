@@ -6,8 +6,10 @@ POST /reward with a JSON body, one answer (and optionally one metadata object) p
 returns 200 {"rewards": [1.0, 0.0]}. The example reward is 1.0 when the text inside the completion's last
 <answer>...</answer> equals the answer as a number (exact fractions, after stripping spaces, commas, a leading
 "$" and a trailing "."; "$1,200." equals "1200", "0.5" equals "1/2"), else 0.0 (no tag, not a number).
-A malformed request (bad JSON, a missing field, lists of different lengths, a completion that is not a string)
-gets 400 {"error": "what is wrong"}; an unknown path 404, a body over 64 MiB 413, an exception in reward() 500.
+A malformed request (bad JSON, a missing field, lists of different lengths, a completion that is not a string, a
+Content-Length that is not plain decimal digits or two that differ, a body shorter than its Content-Length, whether
+it ends early or is not all in within --client-timeout) gets 400 {"error": "what is wrong"}; an unknown path 404, a
+body over 64 MiB 413, an exception in reward() 500. A query string is ignored: /reward?x=1 is /reward.
 GET /health returns 200 {"status": "ok"}. --delay applies to /reward only, so /health stays a quick check.
 
 The first line on stdout is the address, e.g. "listening on http://127.0.0.1:8731/reward" (with --port 0 the
@@ -26,6 +28,7 @@ import socket
 import sys
 import threading
 import time
+import urllib.parse
 from fractions import Fraction
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -90,6 +93,7 @@ class RewardHandler(BaseHTTPRequestHandler):
     delay = 0.0  # seconds to wait before answering /reward; set from --delay
     quiet = False  # True: no line per request on stderr
     timeout = 10.0  # seconds a client has to send its whole request before it is dropped; set from --client-timeout
+    timed_out = False  # set by drop() when the deadline ends a request's read
 
     def log_message(self, format, *args):
         if not self.quiet:
@@ -109,10 +113,28 @@ class RewardHandler(BaseHTTPRequestHandler):
         self.deadline.start()
 
     def drop(self):
-        try:
-            self.connection.shutdown(socket.SHUT_RDWR)  # the blocked read returns; handle() ends
+        self.timed_out = True
+        try:  # the blocked read returns what came; the sending side stays open for the 400 that says so
+            self.connection.shutdown(socket.SHUT_RD)
         except OSError:
             pass
+
+    def route(self):
+        """The request's path without its query string: /reward?x=1 is /reward."""
+        return urllib.parse.urlsplit(self.path).path
+
+    def content_length(self):
+        """The body's size from the Content-Length header(s); raises BadRequest for a missing, non-decimal or
+        ambiguous one (int() alone takes "+58" and "5_8", and a second, different header would be ignored)."""
+        values = {value.strip() for value in self.headers.get_all("Content-Length", [])}
+        if not values:
+            raise BadRequest("a Content-Length header with the body's size in bytes is required")
+        if len(values) > 1:
+            raise BadRequest(f"the request has different Content-Length headers: {', '.join(sorted(values))}")
+        value = values.pop()
+        if not re.fullmatch(r"[0-9]{1,20}", value):
+            raise BadRequest(f"Content-Length must be the body's size in decimal digits, got {value[:40]!r}")
+        return int(value)
 
     def finish(self):
         self.deadline.cancel()
@@ -120,31 +142,33 @@ class RewardHandler(BaseHTTPRequestHandler):
 
     def do_GET(self):
         self.deadline.cancel()
-        if self.path == "/health":
+        if self.route() == "/health":
             self.send_json(200, {"status": "ok"})
-        elif self.path == "/reward":
+        elif self.route() == "/reward":
             self.send_json(405, {"error": "use POST for /reward"})
         else:
             self.send_json(404, {"error": f"no such path {self.path!r}; use POST /reward or GET /health"})
 
     def do_POST(self):
-        if self.path != "/reward":
+        if self.route() != "/reward":
             self.send_json(404, {"error": f"no such path {self.path!r}; use POST /reward or GET /health"})
             return
         try:
-            length = int(self.headers.get("Content-Length", ""))
-        except ValueError:
-            length = -1
-        if length < 0:
-            self.send_json(400, {"error": "a Content-Length header with the body's size in bytes is required"})
+            length = self.content_length()
+        except BadRequest as e:
+            self.send_json(400, {"error": str(e)})
             return
         if length > MAX_BODY_BYTES:
             self.send_json(413, {"error": f"the body has {length} bytes, more than the {MAX_BODY_BYTES} allowed"})
             return
-        body = self.rfile.read(length)
+        body = self.rfile.read(length)  # at the deadline drop() ends the read with what came
         self.deadline.cancel()  # the request is in: --delay and reward() take the time they take
         if len(body) < length:
-            return  # dropped at the deadline, or the client hung up
+            how = (f"within --client-timeout's {self.timeout:g} s" if self.timed_out
+                   else "before the client stopped sending")
+            self.send_json(400, {"error": f"only {len(body)} of the body's {length} bytes (its Content-Length) "
+                                          f"came {how}"})
+            return
         try:
             completions, answers, metadata = check_request(body)
         except BadRequest as e:
