@@ -1164,6 +1164,9 @@ def load_tasks(path, prompt_key="question", answer_key="answer", filters=(), max
                 raise InputError(f"{where}: field {key!r} is empty")
             if isinstance(row[key], float) and not math.isfinite(row[key]):  # NaN, Infinity, 1e400: no answer matches
                 raise InputError(f"{where}: field {key!r} is {row[key]}, which no completion can match")
+            if isinstance(row[key], float) and len(as_text(row[key])) > 100:  # parse_number reads 100 characters
+                raise InputError(f"{where}: field {key!r} is {row[key]}, {len(as_text(row[key]))} characters written out, "
+                                 "which no completion can match (numbers are compared up to 100 digits)")
         for field in wanted:
             if field not in row:
                 raise InputError(f"{where}: --filter {field}=...: the row has no field {field!r}")
