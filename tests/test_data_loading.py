@@ -408,3 +408,22 @@ def test_a_number_too_long_to_write_out_is_refused(experiment, tmp_path, value):
     path = write_jsonl(tmp_path / "t.jsonl", [{"question": "q", "answer": 2}, {"question": "q", "answer": value}])
     with pytest.raises(experiment.InputError, match=r"t.jsonl:2: field 'answer' is 1e[-+]\d+, \d+ characters written out"):
         experiment.load_tasks(path)
+
+
+def test_a_math_verify_reward_fn_trains_with_task_math_latex(tiny_model_dir, tmp_path, monkeypatch):
+    """--task math_latex with a --reward-fn that calls math-verify, as the task's own reward does: every call
+    failed (a worker thread has no signal.alarm), so the run stopped at its first step. Now the steps run."""
+    from conftest import load_experiment, tensorboard_scalars
+
+    name = f"mv_run_{tmp_path.name}"
+    (tmp_path / f"{name}.py").write_text(MATH_VERIFY_REWARD)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    data = write_jsonl(tmp_path / "tasks.jsonl", [{"question": f"Say {i}", "answer": r"\frac{1}{2}"} for i in range(4)])
+    base = load_experiment("experiment_base")
+    base.main([str(a) for a in ["--model-name", tiny_model_dir, "--device", "cpu", "--quantization", "none", "--dtype",
+                                "float32", "--task", "math_latex", "--data-path", data, "--max-steps", "2",
+                                "--group-size", "2", "--rollouts-per-step", "2", "--max-length", "4", "--eval-interval",
+                                "0", "--log-dir", tmp_path / "runs", "--checkpoint-path", tmp_path / "out", "--run-name",
+                                "r", "--reward-fn", f"{name}:reward", "--reward-fn-timeout", "30"]])
+    assert len(tensorboard_scalars(tmp_path / "runs")["rollout/reward_custom"]) == 2
