@@ -1385,13 +1385,17 @@ def parquet_rows(path):
 FOLDER_FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".ndjson": "json", ".csv": "csv",
                   ".tsv": "csv", ".arrow": "arrow"}  # the data files of a folder as on the hub, by datasets' reader
 
-def check_folder_formats(folder):
-    """Refuse a folder of data files of more than one format: datasets reads one format and skips the others."""
+def check_folder_files(folder):
+    """Refuse a folder of data files of more than one format (datasets reads one format and skips the others), and
+    parquet files it cannot read in one line: a column name given twice, no rows or no columns."""
     found = {}
     for file in sorted(Path(folder).rglob("*")):
         hidden = any(part.startswith((".", "__")) for part in file.relative_to(folder).parts)  # as datasets skips
         if file.suffix in FOLDER_FORMATS and not hidden:
             found.setdefault(FOLDER_FORMATS[file.suffix], file.relative_to(folder))
+            if file.suffix == ".parquet" and parquet_rows(file) == 0:
+                raise InputError(f"{file}: a parquet file with no rows or no columns, which datasets cannot read in a "
+                                 "folder: remove it")
     if len(found) > 1:
         examples = ", ".join(f"{shown}" for shown in found.values())
         raise InputError(f"{folder}: it holds {' and '.join(sorted(found))} files ({examples}), and datasets would "
@@ -1435,7 +1439,7 @@ def dataset_rows(path, config=None, split="train", kind=None, hub=False):
                         part = datasets.ReadInstruction.from_spec(split).to_absolute({name: len(data)})[0]
                         data = data.select(range(part.from_, part.to))
             else:
-                check_folder_formats(path)  # a slice is read into the temporary cache, deleted after
+                check_folder_files(path)  # a slice is read into the temporary cache, deleted after
                 data = datasets.load_dataset(path, config, split=split, streaming=not sliced, cache_dir=cache)
             narrow = {name: feature.dtype for name, feature in (data.features or {}).items()
                       if getattr(feature, "dtype", None) in ("float16", "float32")}

@@ -427,3 +427,16 @@ def test_a_math_verify_reward_fn_trains_with_task_math_latex(tiny_model_dir, tmp
                                 "0", "--log-dir", tmp_path / "runs", "--checkpoint-path", tmp_path / "out", "--run-name",
                                 "r", "--reward-fn", f"{name}:reward", "--reward-fn-timeout", "30"]])
     assert len(tensorboard_scalars(tmp_path / "runs")["rollout/reward_custom"]) == 2
+
+
+def test_a_folder_with_an_empty_or_doubled_parquet_shard_names_it(experiment, tmp_path):
+    """datasets said 'BatchSize must be greater than 0' for an empty shard, 'Multiple matches for FieldRef' (and a
+    page of log) for a column named twice, naming neither the file nor the column."""
+    write_parquet(tmp_path / "data" / "train-00000-of-00002.parquet", ROWS)
+    shard = tmp_path / "data" / "train-00001-of-00002.parquet"
+    pyarrow.parquet.write_table(pyarrow.table({"question": pyarrow.array([], pyarrow.string())}), shard)
+    with pytest.raises(experiment.InputError, match=r"train-00001-of-00002.parquet: a parquet file with no rows"):
+        experiment.load_tasks(tmp_path / "data")
+    pyarrow.parquet.write_table(pyarrow.Table.from_arrays([pyarrow.array(["q"])] * 2, names=["question"] * 2), shard)
+    with pytest.raises(experiment.InputError, match=r"train-00001-of-00002.parquet: more than one column is named 'question'"):
+        experiment.load_tasks(tmp_path / "data")
