@@ -542,7 +542,7 @@ def run(args):
 
 # ---- Plumbing: nothing below this line changes the algorithm ----
 
-import csv, fcntl, functools, glob, hashlib, http.client, importlib, inspect, json, logging, os, pickle, resource  # noqa: E401,E402
+import csv, decimal, fcntl, functools, glob, hashlib, http.client, importlib, inspect, json, logging, os, pickle, resource  # noqa: E401,E402
 import shutil, signal, tempfile, threading, urllib.error, urllib.request, weakref  # noqa: E401,E402
 
 CACHE_DIR = Path(os.environ.get("TINY_GRPO_CACHE", Path.home() / ".cache" / "tiny-grpo"))
@@ -622,6 +622,11 @@ def split_name(text):
         raise argparse.ArgumentTypeError("expected a split's name, such as train or test[:100], got nothing")
     return text
 
+def data_path(text):
+    if not text.strip():  # "" would be read as the current folder
+        raise argparse.ArgumentTypeError("expected a file, a glob, a dataset folder or a hub id, got nothing")
+    return text
+
 def row_filter(text):
     if "=" not in text or not text.split("=", 1)[0]:
         raise argparse.ArgumentTypeError(f"expected FIELD=V1,V2, got {text!r}")
@@ -656,13 +661,13 @@ def add_setup_options(p):
     g.add_argument("--task", choices=list(TASKS), **by_device("task", "data files, worked example and answer comparison: "
                    "numbers (math, gsm8k, sequence), LaTeX by math-verify (math_latex), whole numbers in digits or words "
                    "(count_words), knight/knave roles"))
-    g.add_argument("--data-path", help="training tasks: a .jsonl, .json, .parquet or .csv file (or a glob of them, "
-                   "quoted), a dataset folder or a hub id; None: the --task's own, as TASKS lists (README: Data)")
+    g.add_argument("--data-path", type=data_path, help="training tasks: a .jsonl, .json, .parquet or .csv file (or a "
+                   "glob of them, quoted), a dataset folder or a hub id; None: the --task's own, as TASKS lists (README: Data)")
     g.add_argument("--data-config", help="the configuration (subset) of a hub id or folder, e.g. main for openai/gsm8k; "
                    "None: the --task's own where --data-path is")
     g.add_argument("--data-split", type=split_name, default="train", help="the split to train on, of a hub id or folder")
-    g.add_argument("--eval-data-path", help="held-out tasks, as --data-path; None: --data-path's --eval-split where "
-                   "--data-path is a hub id or folder, else the --task's held-out data")
+    g.add_argument("--eval-data-path", type=data_path, help="held-out tasks, as --data-path; None: --data-path's "
+                   "--eval-split where --data-path is a hub id or folder, else the --task's held-out data")
     g.add_argument("--eval-split", type=split_name, default="test", help="the held-out split, of a hub id or folder")
     g.add_argument("--prompt-key", default="question", help="the field (column) holding the question")
     g.add_argument("--answer-key", default="answer", help="the field (column) holding the reference answer")
@@ -1191,7 +1196,7 @@ def load_tasks(path, prompt_key="question", answer_key="answer", filters=(), max
     for item in filters:
         field, _, values = item.partition("=")
         wanted[field] = set(values.split(","))
-    tasks = []
+    tasks, seen = [], {field: {} for field in wanted}  # seen: a few of each filtered column's values, to show
     for where, row in read_rows(path, config, split):
         if not isinstance(row, dict):
             raise InputError(f"{where}: expected a JSON object, got {type(row).__name__}")
@@ -1210,31 +1215,77 @@ def load_tasks(path, prompt_key="question", answer_key="answer", filters=(), max
                 raise InputError(f"{where}: field {key!r} is empty")
             if isinstance(row[key], float) and not math.isfinite(row[key]):  # NaN, Infinity, 1e400: no answer matches
                 raise InputError(f"{where}: field {key!r} is {row[key]}, which no completion can match")
+            if isinstance(row[key], float) and len(as_text(row[key])) > 100:  # parse_number reads 100 characters
+                raise InputError(f"{where}: field {key!r} is {row[key]}, {len(as_text(row[key]))} characters written out, "
+                                 "which no completion can match (numbers are compared up to 100 digits)")
         for field in wanted:
             if field not in row:
                 raise InputError(f"{where}: --filter {field}=...: the row has no field {field!r}")
-        if all(str(row[field]) in values for field, values in wanted.items()):
+            if len(seen[field]) <= FILTER_VALUES_SHOWN:
+                seen[field].setdefault(filter_text(row[field]))
+        if all(filter_matches(row[field], values) for field, values in wanted.items()):
             metadata = {k: v for k, v in row.items() if k not in (prompt_key, answer_key)}
-            answer = str(row[answer_key])
+            answer = as_text(row[answer_key])
             if task == "gsm8k" and "####" in answer:
                 answer, metadata["solution"] = gsm8k_final_answer(answer, where)
-            tasks.append({"question": str(row[prompt_key]), "answer": answer, "metadata": metadata})
+            if task == "math_latex":
+                check_latex_answer(answer, where)
+            tasks.append({"question": as_text(row[prompt_key]), "answer": answer, "metadata": metadata})
         if max_rows is not None and len(tasks) >= max_rows:
             break
     if not tasks:
         why = f" after --filter {' '.join(filters)}" if filters else ""
+        for field, values in seen.items():  # what the column holds, as --filter takes it
+            shown = list(values)[:FILTER_VALUES_SHOWN] + ["..."] * (len(values) > FILTER_VALUES_SHOWN)
+            why += f"; {field} holds {', '.join(shown)}" if shown else ""
         raise InputError(f"{path}: no tasks{why}")
     return tasks
 
-def gsm8k_final_answer(text, where):
-    """GSM8K's answer field, 'worked solution #### 1,200' -> ('1200', 'worked solution')."""
-    solution, _, final = text.rpartition("####")
-    final = final.strip().replace(",", "")
+FILTER_VALUES_SHOWN = 10  # when --filter leaves no tasks, this many of each filtered column's values are shown
+
+def as_text(value):
+    """A field as a task's text. A number is written out exactly, in full: str() writes 1e16 as '1e+16', which
+    parse_number reads as 16."""
+    if isinstance(value, float) and math.isfinite(value):
+        return format(decimal.Decimal(repr(value)), "f")  # repr: the shortest decimal that is this float
+    return str(value)
+
+def filter_text(value):
+    """A value as --filter would name it: true, 0.5, 007."""
+    return str(value).lower() if isinstance(value, bool) else as_text(value)[:50]
+
+def filter_matches(value, wanted):
+    """Whether a field is one of --filter's values, compared as the user wrote them: 'true' matches the boolean
+    True, '0.5' and '.5' the number 0.5, '2' the number 2.0; a text must be equal."""
+    if isinstance(value, bool):
+        return str(value).lower() in {w.strip().lower() for w in wanted}
+    if isinstance(value, (int, float)):
+        return as_text(value) in wanted or any(float_or_none(w) == value for w in wanted)
+    return str(value) in wanted
+
+def float_or_none(text):
     try:
-        Fraction(final)  # the reward compares numbers: a final answer that is none could never be matched
-    except (ValueError, ZeroDivisionError):
-        raise InputError(f"{where}: the final answer after '####' is not a number: {final!r}")
-    return final, solution.strip()
+        return float(text)
+    except ValueError:
+        return None
+
+def gsm8k_final_answer(text, where):
+    """GSM8K's answer field, 'worked solution #### 1,200' -> ('1200', 'worked solution'). The final answer must be
+    one number as parse_number, which scores it, reads it: '1e3' or '.5' would be scored as 3 or 5."""
+    solution, _, final = text.rpartition("####")
+    final = final.strip()
+    number = re.sub(r"(?<=\d),(?=\d{3}\b)", "", final[:200])  # thousands separators, as parse_number drops them
+    if len(final) > 200 or not NUMBER.fullmatch(number) or parse_number(number) is None:  # no 100-digit answer
+        raise InputError(f"{where}: the final answer after '####' is not a number: {final[:50]!r}{'...' * (len(final) > 50)} "
+                         "(the reward reads digits, a sign, a decimal point, a/b and commas between thousands)")
+    return number, solution.strip()
+
+def check_latex_answer(answer, where):
+    """Refuse a --task math_latex answer that math-verify reads as no expression ('\\frac{1}{2', '\\$3'), or as a
+    product of letters (words, with no digit nor LaTeX command: 'hello' is e*h*l*l*o): every completion would score 0."""
+    if not re.search(r"[0-9\\]", answer) or all(isinstance(found, str) for found in parse_latex(answer)):
+        raise InputError(f"{where}: field 'answer' {answer[:100]!r} is no answer math-verify can read (LaTeX such as "
+                         "\\frac{3}{2}, [2, 5), 3\\sqrt{2}, with a digit or a command): no completion could match it")
 
 DATA_FILES = (".jsonl", ".json", ".parquet", ".csv")
 
@@ -1243,13 +1294,16 @@ def read_rows(path, config=None, split="train"):
     ('data/*.parquet'), a dataset folder (a saved dataset, or data files as on the hub), or a hub id. 'where' is
     'file:line' for JSONL (read here, line by line) and 'file: row N' for what datasets reads."""
     path = str(path)
+    if not path.strip():  # Path("") is the current folder
+        raise InputError("the data path is empty: expected a file, a glob, a dataset folder or a hub id")
     if Path(path).expanduser().is_dir():
         yield from dataset_rows(str(Path(path).expanduser()), config, split)
         return
     if hub_id(path):
         yield from dataset_rows(path, config, split, hub=True)
         return
-    files = sorted(glob.glob(os.path.expanduser(path))) if any(c in path for c in "*?[") else [path]
+    globbed = not Path(path).expanduser().exists() and any(c in path for c in "*?[")  # 'tasks[1].jsonl' is a file
+    files = sorted(glob.glob(os.path.expanduser(path))) if globbed else [path]
     if not files:
         raise InputError(f"{path}: no file matches")
     for file in files:
@@ -1260,7 +1314,8 @@ def read_rows(path, config=None, split="train"):
             raise InputError(f"{file}: not a regular file")
         if not file.endswith(DATA_FILES):
             raise InputError(f"{file}: expected a {', '.join(DATA_FILES)} file, a dataset folder or a hub id")
-        yield from jsonl_rows(file) if file.endswith(".jsonl") else dataset_rows(file, kind=Path(file).suffix[1:])
+        kind = Path(file).suffix[1:]
+        yield from {"jsonl": jsonl_rows, "json": json_rows}.get(kind, functools.partial(dataset_rows, kind=kind))(file)
 
 def hub_id(path):
     """Whether path is no file, folder, glob or path here, so a name on the hub: 'openai/gsm8k'."""
@@ -1284,6 +1339,82 @@ def jsonl_rows(path):
         except ValueError as e:  # an integer of more than 4,300 digits
             raise InputError(f"{path}:{number}: {str(e).split(';')[0]}")
 
+def json_rows(path):
+    """A .json file's rows, read by the json module when it holds an array of objects: datasets would turn a field
+    that is a number in one row and a text in another into JSON text ('"7"'). JSON Lines in a .json file are read
+    line by line, anything else (an object of columns, broken JSON) by datasets."""
+    try:
+        rows = json.loads(Path(path).read_text(encoding="utf-8-sig"))
+    except json.JSONDecodeError as e:
+        rows = "JSON Lines" if e.msg == "Extra data" else None
+    except (OSError, UnicodeDecodeError, RecursionError, ValueError):
+        rows = None  # datasets says why, in its words
+    if rows == "JSON Lines":
+        yield from jsonl_rows(path)
+    elif isinstance(rows, list):
+        for number, row in enumerate(rows, start=1):
+            yield f"{path}: row {number}", row
+    else:
+        yield from dataset_rows(path, kind="json")
+
+def csv_columns(path):
+    """A CSV's header, the file checked with the csv module first: under datasets, pandas takes a row's extra fields
+    as an index (so reads the row from the wrong columns) and drops a repeated column."""
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            rows = csv.reader(f)
+            header = next(rows, [])
+            for column, name in enumerate(header, start=1):
+                if not name.strip():
+                    raise InputError(f"{path}: the header's column {column} has no name")
+                if header.count(name) > 1:
+                    columns = " and ".join(str(i) for i, other in enumerate(header, start=1) if other == name)
+                    raise InputError(f"{path}: the header names {name!r} more than once (columns {columns})")
+            number = 0  # data rows, counted from 1 after the header, as datasets counts them: blank lines skipped
+            for row in rows:
+                number += bool(row)
+                if len(row) > len(header):
+                    raise InputError(f"{path}: row {number} (line {rows.line_num}): {len(row)} fields, the header "
+                                     f"has {len(header)}")
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise InputError(f"{path}: cannot read: {e}")
+    return header
+
+def parquet_rows(path):
+    """The number of rows of a parquet file, from its metadata, or None where pyarrow cannot read that (datasets
+    then says why). A column name given twice is refused."""
+    import pyarrow.parquet
+
+    try:
+        metadata = pyarrow.parquet.read_metadata(path)
+    except Exception:
+        return None
+    names = metadata.schema.names
+    for name in names:
+        if names.count(name) > 1:
+            columns = " and ".join(str(i) for i, other in enumerate(names, start=1) if other == name)
+            raise InputError(f"{path}: more than one column is named {name!r} (columns {columns})")
+    return metadata.num_rows if names else 0
+
+FOLDER_FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".ndjson": "json", ".csv": "csv",
+                  ".tsv": "csv", ".arrow": "arrow"}  # the data files of a folder as on the hub, by datasets' reader
+
+def check_folder_files(folder):
+    """Refuse a folder of data files of more than one format (datasets reads one format and skips the others), and
+    parquet files it cannot read in one line: a column name given twice, no rows or no columns."""
+    found = {}
+    for file in sorted(Path(folder).rglob("*")):
+        hidden = any(part.startswith((".", "__")) for part in file.relative_to(folder).parts)  # as datasets skips
+        if file.suffix in FOLDER_FORMATS and not hidden:
+            found.setdefault(FOLDER_FORMATS[file.suffix], file.relative_to(folder))
+            if file.suffix == ".parquet" and parquet_rows(file) == 0:
+                raise InputError(f"{file}: a parquet file with no rows or no columns, which datasets cannot read in a "
+                                 "folder: remove it")
+    if len(found) > 1:
+        examples = ", ".join(f"{shown}" for shown in found.values())
+        raise InputError(f"{folder}: it holds {' and '.join(sorted(found))} files ({examples}), and datasets would "
+                         "read one format only: put each format in a folder of its own, or convert them to one")
+
 def dataset_rows(path, config=None, split="train", kind=None, hub=False):
     """Rows as the datasets library reads them. Files and folders are streamed (read once, in place: no Arrow copy,
     nothing written in your home), a saved dataset is memory-mapped where it lies, a hub id goes through the Hugging
@@ -1291,13 +1422,20 @@ def dataset_rows(path, config=None, split="train", kind=None, hub=False):
     import datasets  # here, not at the top: nothing is imported or downloaded before data is read
 
     where = f"{path} (config {config}, split {split})" if hub else path
+    log = logging.getLogger("datasets")  # its failures become one line below: not a page of log before it
+    level, sliced = log.level, "[" in split  # train[:100]: a slice, which a stream cannot take
     with tempfile.TemporaryDirectory(prefix="tiny-grpo-data-") as cache:
         try:
+            log.setLevel(logging.CRITICAL)
             if kind:
                 features = None
                 if kind == "csv":  # text, as written: '007' and '1/2' stay answers, not the numbers 7 and 0.5
-                    with open(path, newline="", encoding="utf-8-sig") as f:
-                        features = datasets.Features({name: datasets.Value("string") for name in next(csv.reader(f), [])})
+                    columns = csv_columns(path)
+                    if not columns:
+                        return
+                    features = datasets.Features({name: datasets.Value("string") for name in columns})
+                if kind == "parquet" and parquet_rows(path) == 0:  # pyarrow reads no batch of 0 rows or columns
+                    return
                 data = datasets.load_dataset(kind, data_files=path, split="train", streaming=True, cache_dir=cache,
                                              features=features)
             elif hub:
@@ -1306,13 +1444,22 @@ def dataset_rows(path, config=None, split="train", kind=None, hub=False):
             elif any((Path(path) / name).is_file() for name in ("state.json", "dataset_dict.json")):  # save_to_disk
                 data = datasets.load_from_disk(path)
                 if isinstance(data, datasets.DatasetDict):
-                    if split not in data:
-                        raise InputError(f"{path}: no split {split!r} (it has {', '.join(data)}): choose one with "
+                    name = split.split("[")[0]
+                    if name not in data:
+                        raise InputError(f"{path}: no split {name!r} (it has {', '.join(data)}): choose one with "
                                          "--data-split / --eval-split")
-                    data = data[split]
+                    data = data[name]
+                    if sliced:  # the rows that load_dataset's slice would give: train[1:3], train[:10%]
+                        part = datasets.ReadInstruction.from_spec(split).to_absolute({name: len(data)})[0]
+                        data = data.select(range(part.from_, part.to))
             else:
-                data = datasets.load_dataset(path, config, split=split, streaming=True, cache_dir=cache)
+                check_folder_files(path)  # a slice is read into the temporary cache, deleted after
+                data = datasets.load_dataset(path, config, split=split, streaming=not sliced, cache_dir=cache)
+            narrow = {name: feature.dtype for name, feature in (data.features or {}).items()
+                      if getattr(feature, "dtype", None) in ("float16", "float32")}
             for number, row in enumerate(data, start=1):
+                for name, dtype in narrow.items():  # float32 0.1 arrives as 0.10000000149011612: the decimal written
+                    row[name] = narrow_float(row[name], dtype)
                 yield f"{where}: row {number}", row
         except ConnectionError:
             raise InputError(f"{where}: cannot reach the Hugging Face hub (no network, or HF_HUB_OFFLINE=1) and it is no "
@@ -1323,6 +1470,17 @@ def dataset_rows(path, config=None, split="train", kind=None, hub=False):
         except Exception as e:  # datasets' own errors (a broken parquet, a missing config or split): one line
             reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise InputError(f"{where}: datasets cannot read it: {reason}")
+        finally:
+            log.setLevel(level)
+
+def narrow_float(value, dtype):
+    """A float16 or float32 value (datasets hands it over as the float64 it equals) as the shortest decimal that
+    is that float16 or float32: 0.10000000149011612 -> 0.1."""
+    import numpy
+
+    if not isinstance(value, float) or not math.isfinite(value):
+        return value
+    return float(str(getattr(numpy, dtype)(value)))
 
 def check_context(model, tokenizer, args, train_tasks, eval_tasks):
     """Refuse questions whose prompt, with the completion budget, does not fit the model's context: they would fail
@@ -1528,7 +1686,7 @@ def load_reward_fn(spec, timeout=60.0):
 
     def call(completion, answer, metadata):
         try:  # sys.exit in it is a failure like any other: the steps done are saved first
-            value = within(timeout, function, completion, answer, metadata)
+            value = on_time(timeout, function, completion, answer, metadata)
         except (Exception, SystemExit) as e:
             raise RewardError(f"--reward-fn {spec} failed on completion {completion[:300]!r} "
                               f"(answer {answer!r}): {type(e).__name__}: {e}")
@@ -1598,6 +1756,38 @@ def finite_number(value):
         return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     except OverflowError:
         return False
+
+def on_time(seconds, function, *args):
+    """function(*args) in this thread, or TimeoutError after `seconds`: a timer thread interrupts it with SIGUSR1, and
+    again every second should it catch the error and go on. In the main thread a function can use signals itself,
+    as math-verify does (SIGALRM), which a worker thread cannot; in another thread this is within()."""
+    if threading.current_thread() is not threading.main_thread():
+        return within(seconds, function, *args)
+    done, late = threading.Event(), []
+
+    def expire(signum, frame):
+        if not done.is_set():
+            late.append(signum)
+            raise TimeoutError(f"no result within {seconds} s")
+
+    def watch():
+        if not done.wait(seconds):
+            while not done.is_set():
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
+                done.wait(1.0)
+
+    previous = signal.signal(signal.SIGUSR1, expire)
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        value = function(*args)
+    finally:
+        done.set()
+        watcher.join()  # no signal is sent after this
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL if previous is None else previous)
+    if late:  # it caught the TimeoutError and returned: too late all the same
+        raise TimeoutError(f"no result within {seconds} s")
+    return value
 
 def within(seconds, function, *args):
     """function(*args), or TimeoutError after `seconds`. It runs in a thread, left behind if late: neither a Python
