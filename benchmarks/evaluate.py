@@ -86,6 +86,9 @@ def checked_checkpoint(parser, path):
         parser.error(f"--checkpoint {path}: its adapter_config.json does not say the adapter's r and lora_alpha ({e})")
     if not (path / "adapter_model.safetensors").is_file():
         parser.error(f"--checkpoint {path}: no adapter_model.safetensors in it")
+    problem = load_experiment().safetensors_problem(path / "adapter_model.safetensors")  # cut short, a bad header
+    if problem:
+        parser.error(f"--checkpoint {path}: {problem}")
     return path, options
 
 
@@ -120,10 +123,15 @@ def main(argv=None):
         if model is None:
             model, tokenizer = base.load_model(options)
             if args.checkpoint:
-                from peft import set_peft_model_state_dict
+                from peft import get_peft_model_state_dict, set_peft_model_state_dict
                 from safetensors.torch import load_file
 
-                set_peft_model_state_dict(model, load_file(args.checkpoint / "adapter_model.safetensors"))
+                weights = load_file(args.checkpoint / "adapter_model.safetensors")
+                try:  # a tensor missing would stay a fresh LoRA's, in silence
+                    base.check_weight_names(args.checkpoint, weights, get_peft_model_state_dict(model))
+                except base.InputError as e:
+                    sys.exit(f"evaluate.py: error: {str(e).removeprefix('--resume ')}")
+                set_peft_model_state_dict(model, weights)
         for t in tasks:
             t["prompt"] = base.format_prompt(tokenizer, t["question"], task)
         score = base.Scorer(task=task)

@@ -286,6 +286,24 @@ def test_evaluate_takes_the_checkpoints_own_adapter_shape(tiny_model_dir, tmp_pa
     table = json.loads((tmp_path / "e.json").read_text())
     assert table["gsm8k"]["problems"] == 4 and "newest checkpoint of that run, step_000001" in capsys.readouterr().out
 
+    # issue 59: an adapter cut short, or missing tensors, gave a traceback after the model loaded, or evaluated a
+    # fresh LoRA in silence; now a message, before the model loads where the file says so
+    from safetensors.torch import load_file, save_file
+
+    file = tmp_path / "out" / "alpha64" / "step_000001" / "adapter_model.safetensors"
+    whole = file.read_bytes()
+    file.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(SystemExit):
+        evaluate.parse_args(["--checkpoint", str(file.parent)])
+    assert "adapter_model.safetensors is damaged" in capsys.readouterr().err
+    file.write_bytes(whole)
+    weights = load_file(file)
+    save_file({name: weights[name] for name in sorted(weights)[:1]}, file)
+    with pytest.raises(SystemExit) as stop:
+        evaluate.main(["--model-name", str(tiny_model_dir), "--checkpoint", str(file.parent), "--tasks", "gsm8k",
+                       "--data", f"gsm8k={data}", "--max-length", "4", "--dtype", "float32"])
+    assert f"its weights do not match this model: {len(weights) - 1} missing" in str(stop.value.code)
+
 
 @pytest.mark.parametrize("shared", [False, True])
 def test_training_flops_count_what_a_forward_pass_multiplies(tiny_model_dir, shared):
