@@ -45,3 +45,21 @@ def test_the_contents_list_every_section_and_each_link_finds_it():
     assert [title for title, _ in links] == headings
     anchor = lambda title: re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")  # noqa: E731
     assert all(target == anchor(title) for title, target in links)
+
+
+def test_the_reading_guide_gives_each_sections_lines_and_each_banner():
+    """The table of experiment_base's sections ("How to read a train.py") names the lines each section spans, where
+    a '# ---- ' heading starts it, and the table of the copies names each copy's plumbing banner."""
+    readme = (ROOT / "README.md").read_text()
+    base = (ROOT / "experiment_base" / "train.py").read_text().splitlines()
+    headings = [number for number, line in enumerate(base, start=1) if line.startswith("# ---- ")]
+    spans = [(int(a), int(b)) for a, b in re.findall(r"^\| (\d+)-(\d+) \| ", readme, re.MULTILINE)]
+    assert [a for a, _ in spans] == [1] + headings  # the docstring, then one row per section, the banner last
+    assert [b for _, b in spans] == [a - 1 for a, _ in spans[1:]] + [len(base)]
+    for name in EXPERIMENTS:
+        banner = next(n for n, line in enumerate((ROOT / name / "train.py").read_text().splitlines(), start=1)
+                      if line.startswith("# ---- Plumbing"))
+        if name == "experiment_base":
+            assert spans[-1][0] == banner
+        else:
+            assert re.search(rf"^\| `{name}` \| {banner} \|", readme, re.MULTILINE), f"{name}: banner at {banner}"
