@@ -135,6 +135,25 @@ def reference_policy(model, reference=None):
 
 # ---- Prompts and rewards ----
 
+# --task: its data (training, held out: a file in data/, or a hub id and its configuration) and a worked example
+# (question, reasoning, answer) that shows the format
+Task = namedtuple("Task", "train eval question reasoning answer config", defaults=(None,))
+TASKS = {
+    "math": Task("data/math_tasks.jsonl", "data/math_tasks_eval.jsonl", "What is 3 + 4 * 2?", "3 + 4 * 2 = 3 + 8 = 11", "11"),
+    "gsm8k": Task("openai/gsm8k", "openai/gsm8k", "A shop has 3 boxes with 4 apples in each box. How many apples does "
+                  "the shop have?", "3 boxes of 4 apples hold 3 * 4 = 12 apples", "12", config="main"),
+    "math_latex": Task("data/math_latex.jsonl", "data/math_latex_eval.jsonl", "Solve for x: 2x + 1 = 4.",
+                       "2x = 4 - 1 = 3, so x = 3/2", r"\frac{3}{2}"),  # LaTeX answers, compared by math-verify
+    "knights_knaves": Task("data/knights_knaves.jsonl", "data/knights_knaves_eval.jsonl", 'Zoey says, "At least one '
+                           'of us is a knave." Ethan says, "Zoey is a knave." So who is a knight and who is a knave?', "If Zoey "
+                           "were a knave, her statement would be true, so she is a knight; then Ethan lies", "(1) Zoey is a knight (2) Ethan is a knave"),
+    "count_words": Task("data/count_words.jsonl", "data/count_words_eval.jsonl", 'How many words are in this sentence: '
+                        '"birds sing"?', "the words are 1 birds 2 sing", "2"),  # 2: no task's answer (3 to 8 words)
+    "sequence": Task("data/sequence.jsonl", "data/sequence_eval.jsonl", "What number comes next: 9, 16, 23, 30, ...?",
+                     "each number is 7 more than the one before; the last is 30, and 30 + 7 = 37", "37"),  # no task counts
+                     # by 7; its step is not its first term, so "7 more" can only mean the step
+}
+
 def system_prompt(reasoning_format="think"):
     tag = reasoning_format
     return (
@@ -169,7 +188,7 @@ def add_prompts(model, tokenizer, args, train_tasks, eval_tasks):
         task["prompt"] = format_prompt(tokenizer, task["question"], args.task, args.reasoning_format)
     check_context(model, tokenizer, args, train_tasks, eval_tasks)  # a prompt too long for the model stops the run now
 
-# The reward is a weighted sum of terms, each in [0, 1] and each logged on its own (their code is below the banner):
+# The reward is a weighted sum of terms, each in [0, 1] and each logged on its own (their code follows):
 #   correctness  the answer in the last <answer> tags is right (Knights-and-Knaves: optionally the
 #                fraction of inhabitants named correctly, with --partial-credit; math_latex: without
 #                tags, the last \boxed{}; LaTeX compared by math-verify)
@@ -191,6 +210,56 @@ def reward_terms(completion, answer, task="math", reasoning_format="think", part
 def total_reward(terms, weights):
     """r = sum_k w_k term_k over the terms {k: [B]}: the one number per completion that GRPO compares in a group."""
     return torch.as_tensor(sum(weights.get(k, 0.0) * values for k, values in terms.items()), dtype=torch.float32)
+
+def extract_answer(completion):
+    """The text inside the last <answer>...</answer>, or None."""
+    found = re.findall(r"<answer>(.*?)</answer>", completion, re.DOTALL)
+    return found[-1].strip() if found else None
+
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
+
+def parse_number(text):
+    """The last number in a text, exactly: '1,234' '12.0' '$5' '7.' '12 apples' '\\boxed{42}' '-3' '1/2'."""
+    if text is None:
+        return None
+    text = re.sub(r"(?<=\d),(?=\d{3}\b)", "", text)  # thousands separators
+    for number in reversed(NUMBER.findall(text)):
+        if len(number) > 100:  # no answer here has 100 digits; a longer one costs seconds to compare (or raises)
+            continue
+        try:
+            return Fraction(number)
+        except ZeroDivisionError:
+            continue
+    return None
+
+def correctness(completion, answer, task="math", partial_credit=False):
+    """1 if the answer in the last <answer> tags is the reference's number, exactly (parse_number), else 0. The other
+    tasks compare their own way (task_correctness, below the banner): LaTeX by math-verify, knight/knave roles,
+    counts written in words."""
+    predicted = extract_answer(completion)
+    if task in ("math_latex", "knights_knaves", "count_words"):
+        return task_correctness(predicted, completion, answer, task, partial_credit)
+    value = parse_number(predicted)
+    return float(value is not None and value == parse_number(answer))
+
+def format_score(completion, task="math", reasoning_format="think"):
+    """1 for '<think> reasoning </think> <answer> answer </answer>' with non-empty reasoning and a parsable
+    answer, and nothing else (the opening tag may be missing: the plain template writes it); else 0."""
+    tag = reasoning_format
+    match = re.fullmatch(rf"\s*(?:<{tag}>)?(.*?)</{tag}>\s*<answer>(.*?)</answer>\s*", completion, re.DOTALL)
+    return float(bool(match) and match[1].strip() != "" and answer_parses(match[2], task))
+
+def reasoning_quality(completion, reasoning_format="think"):
+    """0 without a closed, non-empty reasoning block; else 0.5 for a sensible length (20 to 4000
+    characters) plus 0.5 for no repetition loop (no run of 4 words that occurs more than 3 times)."""
+    tag = reasoning_format
+    match = re.match(rf"\s*(?:<{tag}>)?(.*?)</{tag}>", completion, re.DOTALL)
+    if not match or not match[1].strip():
+        return 0.0
+    words = match[1].split()
+    runs = [tuple(words[i : i + 4]) for i in range(len(words) - 3)]
+    no_loop = all(count <= 3 for count in Counter(runs).values())
+    return 0.5 * (20 <= len(match[1].strip()) <= 4000) + 0.5 * no_loop
 
 class Scorer:
     """Completions -> rewards [B], r = sum_k w_k term_k, and the terms {k: [B]}, for the options of a run."""
@@ -1346,25 +1415,6 @@ def load_inputs(args):
                                 args.data_config, args.eval_split, args.task)
     return score, train_tasks, eval_tasks
 
-# --task: its data (training, held out: a file in data/, or a hub id and its configuration) and a worked example
-# (question, reasoning, answer) that shows the format
-Task = namedtuple("Task", "train eval question reasoning answer config", defaults=(None,))
-TASKS = {
-    "math": Task("data/math_tasks.jsonl", "data/math_tasks_eval.jsonl", "What is 3 + 4 * 2?", "3 + 4 * 2 = 3 + 8 = 11", "11"),
-    "gsm8k": Task("openai/gsm8k", "openai/gsm8k", "A shop has 3 boxes with 4 apples in each box. How many apples does "
-                  "the shop have?", "3 boxes of 4 apples hold 3 * 4 = 12 apples", "12", config="main"),
-    "math_latex": Task("data/math_latex.jsonl", "data/math_latex_eval.jsonl", "Solve for x: 2x + 1 = 4.",
-                       "2x = 4 - 1 = 3, so x = 3/2", r"\frac{3}{2}"),  # LaTeX answers, compared by math-verify
-    "knights_knaves": Task("data/knights_knaves.jsonl", "data/knights_knaves_eval.jsonl", 'Zoey says, "At least one '
-                           'of us is a knave." Ethan says, "Zoey is a knave." So who is a knight and who is a knave?', "If Zoey "
-                           "were a knave, her statement would be true, so she is a knight; then Ethan lies", "(1) Zoey is a knight (2) Ethan is a knave"),
-    "count_words": Task("data/count_words.jsonl", "data/count_words_eval.jsonl", 'How many words are in this sentence: '
-                        '"birds sing"?', "the words are 1 birds 2 sing", "2"),  # 2: no task's answer (3 to 8 words)
-    "sequence": Task("data/sequence.jsonl", "data/sequence_eval.jsonl", "What number comes next: 9, 16, 23, 30, ...?",
-                     "each number is 7 more than the one before; the last is 30, and 30 + 7 = 37", "37"),  # no task counts
-                     # by 7; its step is not its first term, so "7 more" can only mean the step
-}
-
 def load_tasks(path, prompt_key="question", answer_key="answer", filters=(), max_rows=None, config=None, split="train",
                task=None):
     """Tasks as [{"question", "answer", "metadata"}], metadata holding the row's other fields, from anything
@@ -1686,22 +1736,7 @@ def next_prompts(tasks, count, position, seed):
 
 # -- rewards: answer parsing, weights, your function, a reward service
 
-NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
 ROLE_CLAIM = re.compile(r"\b[A-Z][a-z]+(?:\s+is(?:\s+not)?\s+an?|\s*:)\s+(?i:knight|knave)\b")  # 'Zoey is a knight', 'Ethan: knave'
-
-def parse_number(text):
-    """The last number in a text, exactly: '1,234' '12.0' '$5' '7.' '12 apples' '\\boxed{42}' '-3' '1/2'."""
-    if text is None:
-        return None
-    text = re.sub(r"(?<=\d),(?=\d{3}\b)", "", text)  # thousands separators
-    for number in reversed(NUMBER.findall(text)):
-        if len(number) > 100:  # no answer here has 100 digits; a longer one costs seconds to compare (or raises)
-            continue
-        try:
-            return Fraction(number)
-        except ZeroDivisionError:
-            continue
-    return None
 
 NUMBER_WORDS = {word: i for i, word in enumerate("zero one two three four five six seven eight nine ten eleven twelve "
                                                  "thirteen fourteen fifteen sixteen seventeen eighteen nineteen twenty".split())}
@@ -1763,16 +1798,8 @@ def last_boxed(text):
             return text[start + len("\\boxed{") : end]
     return None
 
-# -- the built-in reward terms, which reward_terms collects
-
-
-def extract_answer(completion):
-    """The text inside the last <answer>...</answer>, or None."""
-    found = re.findall(r"<answer>(.*?)</answer>", completion, re.DOTALL)
-    return found[-1].strip() if found else None
-
-def correctness(completion, answer, task="math", partial_credit=False):
-    predicted = extract_answer(completion)
+def task_correctness(predicted, completion, answer, task, partial_credit=False):
+    """correctness for the tasks whose answers are no plain number; predicted: the text in the last <answer> tags."""
     if task == "math_latex":  # the answer in the tags, else the last \boxed{}, compared by math-verify
         return float(latex_equal(predicted if predicted is not None else last_boxed(completion), answer))
     if predicted is None:
@@ -1782,30 +1809,8 @@ def correctness(completion, answer, task="math", partial_credit=False):
         given = parse_roles(predicted, reference)
         right = sum(given.get(name) == role for name, role in reference.items())
         return right / max(1, len(reference)) if partial_credit else float(right == len(reference) > 0)
-    if task == "count_words":  # a whole number, in digits or in words: "4", "four", "4 words"
-        value = parse_count(predicted)
-        return float(value is not None and value == parse_count(answer))
-    value = parse_number(predicted)
-    return float(value is not None and value == parse_number(answer))
-
-def format_score(completion, task="math", reasoning_format="think"):
-    """1 for '<think> reasoning </think> <answer> answer </answer>' with non-empty reasoning and a parsable
-    answer, and nothing else (the opening tag may be missing: the plain template writes it); else 0."""
-    tag = reasoning_format
-    match = re.fullmatch(rf"\s*(?:<{tag}>)?(.*?)</{tag}>\s*<answer>(.*?)</answer>\s*", completion, re.DOTALL)
-    return float(bool(match) and match[1].strip() != "" and answer_parses(match[2], task))
-
-def reasoning_quality(completion, reasoning_format="think"):
-    """0 without a closed, non-empty reasoning block; else 0.5 for a sensible length (20 to 4000
-    characters) plus 0.5 for no repetition loop (no run of 4 words that occurs more than 3 times)."""
-    tag = reasoning_format
-    match = re.match(rf"\s*(?:<{tag}>)?(.*?)</{tag}>", completion, re.DOTALL)
-    if not match or not match[1].strip():
-        return 0.0
-    words = match[1].split()
-    runs = [tuple(words[i : i + 4]) for i in range(len(words) - 3)]
-    no_loop = all(count <= 3 for count in Counter(runs).values())
-    return 0.5 * (20 <= len(match[1].strip()) <= 4000) + 0.5 * no_loop
+    value = parse_count(predicted)  # count_words: a whole number, in digits or in words: "4", "four", "4 words"
+    return float(value is not None and value == parse_count(answer))
 
 def answer_parses(text, task):
     if task == "knights_knaves":  # a role claimed for someone, as the prompt phrases it; a bare 'knight' is no answer

@@ -179,7 +179,7 @@ def add_prompts(model, tokenizer, args, train_tasks, eval_tasks, search=None):
     # a prompt too long for the model, or more passages than fit beside it, stops the run now
     check_context(model, tokenizer, args, train_tasks, eval_tasks, search)
 
-# The reward is a weighted sum of terms, each in [0, 1] and each logged on its own (their code is below the banner):
+# The reward is a weighted sum of terms, each in [0, 1] and each logged on its own (their code follows):
 #   correctness  1 for an exact match of the last <answer> after normalisation (SQuAD's: lower case, no
 #                punctuation, no articles); else F1_CREDIT x the token F1 of answer and reference, in [0, 0.5]
 #   format       the model's words are its searches (any text between them), then one non-empty
@@ -213,6 +213,38 @@ def reward_terms(completion, answer, metadata=None, max_turns=MAX_TURNS):
 def total_reward(terms, weights):
     """r = sum_k w_k term_k over the terms {k: [B]}: the one number per completion that GRPO compares in a group."""
     return torch.as_tensor(sum(weights.get(k, 0.0) * values for k, values in terms.items()), dtype=torch.float32)
+
+def extract_answer(completion):
+    """The text inside the last <answer>...</answer>, or None."""
+    found = re.findall(r"<answer>(.*?)</answer>", completion, re.DOTALL)
+    return found[-1].strip() if found else None
+
+F1_CREDIT = 0.5  # an inexact answer earns at most half the credit of an exact one
+
+def correctness(completion, answer):
+    """1 for an exact match after normalisation, else F1_CREDIT * token F1; 0 without an answer."""
+    predicted = extract_answer(completion)
+    if predicted is None or not normalize_answer(predicted):
+        return 0.0
+    if normalize_answer(predicted) == normalize_answer(answer):
+        return 1.0
+    return F1_CREDIT * token_f1(predicted, answer)
+
+def format_score(completion):
+    """1 when the model's words are its searches, then one non-empty '<answer> ... </answer>' that ends the
+    episode; else 0. The text around the searches is free (reasoning), but every <search> is closed, none is
+    nested or empty, and the model writes no <information> tags: those are the tool's."""
+    match = re.fullmatch(r"(.*?)<answer>(.*?)</answer>\s*", completion, re.DOTALL)
+    if not match or completion.count("<answer>") != 1 or completion.count("</answer>") != 1:
+        return 0.0
+    searches, rest = match[1], SEARCH_CALL.sub("", match[1])  # rest: the text between the searches
+    return float(bool(normalize_answer(match[2])) and all(q.strip() for q in SEARCH_CALL.findall(searches))
+                 and "<search>" not in rest and "</search>" not in rest and "information>" not in completion)
+
+def search_cost(metadata, max_turns=MAX_TURNS):
+    """The episode's searches beyond the first (from its record), as a fraction of the extra searches allowed."""
+    extra = max(0, metadata.get("searches", 0) - 1)
+    return min(1.0, extra / (max_turns - 1)) if max_turns > 1 else 0.0
 
 class Scorer:
     """Completions -> rewards [B], r = sum_k w_k term_k, and the terms {k: [B]}, for the options of a run."""
@@ -1659,40 +1691,6 @@ def answer_in(text, answer):
     """Whether text contains the answer, both normalised, as whole words: what retrieval recall counts."""
     wanted = normalize_answer(answer)
     return bool(wanted) and f" {wanted} " in f" {normalize_answer(text)} "
-
-# -- the built-in reward terms, which reward_terms collects
-
-def extract_answer(completion):
-    """The text inside the last <answer>...</answer>, or None."""
-    found = re.findall(r"<answer>(.*?)</answer>", completion, re.DOTALL)
-    return found[-1].strip() if found else None
-
-F1_CREDIT = 0.5  # an inexact answer earns at most half the credit of an exact one
-
-def correctness(completion, answer):
-    """1 for an exact match after normalisation, else F1_CREDIT * token F1; 0 without an answer."""
-    predicted = extract_answer(completion)
-    if predicted is None or not normalize_answer(predicted):
-        return 0.0
-    if normalize_answer(predicted) == normalize_answer(answer):
-        return 1.0
-    return F1_CREDIT * token_f1(predicted, answer)
-
-def format_score(completion):
-    """1 when the model's words are its searches, then one non-empty '<answer> ... </answer>' that ends the
-    episode; else 0. The text around the searches is free (reasoning), but every <search> is closed, none is
-    nested or empty, and the model writes no <information> tags: those are the tool's."""
-    match = re.fullmatch(r"(.*?)<answer>(.*?)</answer>\s*", completion, re.DOTALL)
-    if not match or completion.count("<answer>") != 1 or completion.count("</answer>") != 1:
-        return 0.0
-    searches, rest = match[1], SEARCH_CALL.sub("", match[1])  # rest: the text between the searches
-    return float(bool(normalize_answer(match[2])) and all(q.strip() for q in SEARCH_CALL.findall(searches))
-                 and "<search>" not in rest and "</search>" not in rest and "information>" not in completion)
-
-def search_cost(metadata, max_turns=MAX_TURNS):
-    """The episode's searches beyond the first (from its record), as a fraction of the extra searches allowed."""
-    extra = max(0, metadata.get("searches", 0) - 1)
-    return min(1.0, extra / (max_turns - 1)) if max_turns > 1 else 0.0
 
 def parse_weights(text):
     """'correctness=2,format=1' -> {'correctness': 2.0, 'format': 1.0}, on top of the defaults."""

@@ -170,7 +170,7 @@ def add_prompts(model, tokenizer, args, train_tasks, eval_tasks):
         task["prompt"] = format_prompt(tokenizer, task["question"])
     check_context(model, tokenizer, args, train_tasks, eval_tasks)  # a prompt too long for the model stops the run now
 
-# The reward is a weighted sum of terms, each in [0, 1] and each logged on its own (their code is below the banner).
+# The reward is a weighted sum of terms, each in [0, 1] and each logged on its own (their code follows).
 # They read the model's own words (its turns, without the tool's results) and the episode's tool record (in the
 # row's metadata):
 #   correctness  the number in the last <answer> tags is right
@@ -194,6 +194,47 @@ def reward_terms(completion, answer, metadata=None):
 def total_reward(terms, weights):
     """r = sum_k w_k term_k over the terms {k: [B]}: the one number per completion that GRPO compares in a group."""
     return torch.as_tensor(sum(weights.get(k, 0.0) * values for k, values in terms.items()), dtype=torch.float32)
+
+def extract_answer(completion):
+    """The text inside the last <answer>...</answer>, or None."""
+    found = re.findall(r"<answer>(.*?)</answer>", completion, re.DOTALL)
+    return found[-1].strip() if found else None
+
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
+
+
+def parse_number(text):
+    """The last number in a text, exactly: '1,234' '12.0' '$5' '7.' '12 apples' '\\boxed{42}' '-3' '1/2'."""
+    if text is None:
+        return None
+    text = re.sub(r"(?<=\d),(?=\d{3}\b)", "", text)  # thousands separators
+    for number in reversed(NUMBER.findall(text)):
+        if len(number) > 100:  # no answer here has 100 digits; a longer one costs seconds to compare (or raises)
+            continue
+        try:
+            return Fraction(number)
+        except ZeroDivisionError:
+            continue
+    return None
+
+def correctness(completion, answer):
+    predicted = extract_answer(completion)
+    if predicted is None:
+        return 0.0
+    value = parse_number(predicted)
+    return float(value is not None and value == parse_number(answer))
+
+def format_score(completion):
+    """1 when the completion ends with its only '<answer> number </answer>' and every <calculator> it opened was
+    closed (the text before the answer is free: reasoning and calls); else 0."""
+    match = re.fullmatch(r"(.*)<answer>(.*?)</answer>\s*", completion, re.DOTALL)
+    return float(bool(match) and completion.count("<answer>") == 1 and parse_number(match[2]) is not None
+                 and match[1].count("<calculator>") == match[1].count("</calculator>"))
+
+def tool_score(metadata):
+    """The fraction of the episode's calculator calls that parsed and ran (from its record); 0 with no call."""
+    calls = metadata.get("tool_calls", 0)
+    return (calls - metadata.get("tool_errors", 0)) / calls if calls else 0.0
 
 class Scorer:
     """Completions -> rewards [B], r = sum_k w_k term_k, and the terms {k: [B]}, for the options of a run."""
@@ -1545,48 +1586,6 @@ def next_prompts(tasks, count, position, seed):
     return batch, (data_pass, index)
 
 # -- rewards: answer parsing, weights, your function, a reward service
-
-NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
-
-def parse_number(text):
-    """The last number in a text, exactly: '1,234' '12.0' '$5' '7.' '12 apples' '\\boxed{42}' '-3' '1/2'."""
-    if text is None:
-        return None
-    text = re.sub(r"(?<=\d),(?=\d{3}\b)", "", text)  # thousands separators
-    for number in reversed(NUMBER.findall(text)):
-        if len(number) > 100:  # no answer here has 100 digits; a longer one costs seconds to compare (or raises)
-            continue
-        try:
-            return Fraction(number)
-        except ZeroDivisionError:
-            continue
-    return None
-
-# -- the built-in reward terms, which reward_terms collects
-
-def extract_answer(completion):
-    """The text inside the last <answer>...</answer>, or None."""
-    found = re.findall(r"<answer>(.*?)</answer>", completion, re.DOTALL)
-    return found[-1].strip() if found else None
-
-def correctness(completion, answer):
-    predicted = extract_answer(completion)
-    if predicted is None:
-        return 0.0
-    value = parse_number(predicted)
-    return float(value is not None and value == parse_number(answer))
-
-def format_score(completion):
-    """1 when the completion ends with its only '<answer> number </answer>' and every <calculator> it opened was
-    closed (the text before the answer is free: reasoning and calls); else 0."""
-    match = re.fullmatch(r"(.*)<answer>(.*?)</answer>\s*", completion, re.DOTALL)
-    return float(bool(match) and completion.count("<answer>") == 1 and parse_number(match[2]) is not None
-                 and match[1].count("<calculator>") == match[1].count("</calculator>"))
-
-def tool_score(metadata):
-    """The fraction of the episode's calculator calls that parsed and ran (from its record); 0 with no call."""
-    calls = metadata.get("tool_calls", 0)
-    return (calls - metadata.get("tool_errors", 0)) / calls if calls else 0.0
 
 def parse_weights(text):
     """'correctness=2,format=1' -> {'correctness': 2.0, 'format': 1.0}, on top of the defaults."""
