@@ -621,9 +621,14 @@ def run(args):
 # ---- Plumbing: nothing below this line changes the algorithm ----
 
 import csv, decimal, fcntl, functools, glob, hashlib, http.client, importlib, inspect, json, logging, os, pickle, resource  # noqa: E401,E402
-import shutil, signal, tempfile, threading, urllib.error, urllib.request, weakref  # noqa: E401,E402
+import shutil, signal, tempfile, threading, urllib.error, urllib.request, warnings, weakref  # noqa: E401,E402
 
 CACHE_DIR = Path(os.environ.get("TINY_GRPO_CACHE", Path.home() / ".cache" / "tiny-grpo"))
+# Library notices a run can do nothing about, kept off its first screen: peft 0.21 reads transformers 5's deprecated
+# is_gradient_checkpointing (a FutureWarning at every load); bitsandbytes on an AVX512-BF16 CPU tries to fetch a kernel
+# from the hub (the 'kernels' package, absent) and says so before it falls back to its own
+warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 class InputError(Exception):
     """Bad input from the user (data file, option, checkpoint): reported in one line, no traceback."""
