@@ -670,16 +670,17 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
     outcome rewards (minus the group mean), made into per-token advantages here."""
     ids, attention, action_mask, advantages = batch
     n, num_actions = ids.shape[0], action_mask.shape[1]
-    half = model.get_input_embeddings().weight.dtype == torch.bfloat16  # LoRA's inputs uncast, as in sequence_log_probs
-    micro_batches = torch.arange(n).split(args.train_batch_size)  # for the passes without gradients
     reinforce = args.algorithm in ("reinforce_pp", "reinforce_pp_baseline")
+
+    def log_probs(policy, idx):  # log pi(a_t | s_t) and the entropy at each action token, of the sequences idx
+        return sequence_log_probs(policy, ids[idx], attention[idx], num_actions, args.temperature)
 
     ref_log_probs = None
     if args.kl_weight > 0 or args.log_kl:  # pi_ref, once per rollout; skipped entirely when beta = 0 (unless --log-kl)
         ref_log_probs = torch.zeros(n, num_actions, device=ids.device)
         with torch.no_grad(), reference_policy(model, reference) as ref_model:
-            for idx in micro_batches:
-                ref_log_probs[idx] = sequence_log_probs(ref_model, ids[idx], attention[idx], num_actions, args.temperature)[0]
+            for idx in torch.arange(n).split(args.train_batch_size):
+                ref_log_probs[idx] = log_probs(ref_model, idx)[0]
 
     # With beta = 0 a sequence whose advantage is 0 (a group of equal rewards) adds exactly 0 to the loss and to its
     # gradient: no pass below runs it, and each mean still divides by all the sequences, or all their tokens
@@ -692,9 +693,9 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
         model.eval()
         with torch.no_grad():
             for idx in torch.arange(n)[~needed].split(args.train_batch_size):
-                log_probs = sequence_log_probs(model, ids[idx], attention[idx], num_actions, args.temperature)[0]
                 mask = action_mask[idx]
-                skipped_kl[idx] = masked_mean(approx_kl(log_probs, ref_log_probs[idx], mask), mask, dim=1).float().cpu()
+                kl = approx_kl(log_probs(model, idx)[0], ref_log_probs[idx], mask)
+                skipped_kl[idx] = masked_mean(kl, mask, dim=1).float().cpu()
         model.train()
 
     # pi_old, the policy that sampled. With one update and no dropout it is pi_theta before the update, recorded
@@ -707,7 +708,7 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
         model.eval()
         with torch.no_grad():
             for idx in filter(len, torch.arange(n)[needed].split(args.train_batch_size)):  # an empty split is one empty part
-                old_log_probs[idx] = sequence_log_probs(model, ids[idx], attention[idx], num_actions, args.temperature)[0]
+                old_log_probs[idx] = log_probs(model, idx)[0]
         model.train()
     if reinforce:
         advantages = reinforce_pp_advantages(advantages, old_log_probs, ref_log_probs, action_mask, args.kl_weight,
@@ -715,52 +716,34 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
     kl_weight = 0.0 if reinforce else args.kl_weight  # REINFORCE++: the KL is in the reward
     token_level = args.algorithm in TOKEN_LEVEL
 
-    logged = ["loss", "clip_fraction", "clip_fraction_low", "clip_fraction_high"] + (
-        ["kl"] if ref_log_probs is not None else [])  # clip_fraction also by the side of the clip
-    totals = dict.fromkeys(logged + ["grad_norm", "lr"], 0.0)
-    entropy_sum, ran = 0.0, 0  # the entropy is logged over the sequences that ran
-    params, updates_done = [p for p in model.parameters() if p.requires_grad], 0
+    stats = StepStatistics(kl=ref_log_probs is not None, updates=args.epochs_per_step * args.updates_per_step)
     for epoch in range(args.epochs_per_step):
         shuffled = torch.tensor(random.Random(f"{args.seed} {step} {epoch}").sample(range(n), n))  # PPO's mini-batches
-        mini_batches = [rows for rows in shuffled.tensor_split(args.updates_per_step) if len(rows)]
-        for rows in mini_batches:
+        for rows in shuffled.tensor_split(args.updates_per_step):  # (complete_args: none is empty)
             size, tokens = len(rows), action_mask[rows].sum().item()  # sequences in this mini-batch, and action tokens
             optimizer.zero_grad(set_to_none=True)
             for idx in filter(len, rows[needed[rows]].split(args.train_batch_size)):
-                log_probs, entropy = sequence_log_probs(model, ids[idx], attention[idx], num_actions, args.temperature)
+                new_log_probs, entropy = log_probs(model, idx)
                 if epoch == 0 and old_from_first_pass:
-                    old_log_probs[idx] = log_probs.detach()
-                loss, stats = grpo_loss(log_probs, old_log_probs[idx], advantages[idx], action_mask[idx], args.clip_eps_low,
-                                        None if ref_log_probs is None else ref_log_probs[idx], kl_weight,
-                                        args.algorithm, args.clip_eps_high, args.max_length)
+                    old_log_probs[idx] = new_log_probs.detach()
+                loss, loss_stats = grpo_loss(new_log_probs, old_log_probs[idx], advantages[idx], action_mask[idx],
+                                             args.clip_eps_low, None if ref_log_probs is None else ref_log_probs[idx],
+                                             kl_weight, args.algorithm, args.clip_eps_high, args.max_length)
                 # The micro-batch's share of its mini-batch, in sequences (a mean over sequences) or in action tokens
                 # (a mean over tokens: DAPO, CISPO, REINFORCE++): the weighted sum is the mean over the mini-batch.
                 part = action_mask[idx].sum().item() / tokens if token_level else len(idx) / size
-                with uncast_lora_inputs(model, half):  # and in checkpointing's recomputation
+                with uncast_lora_inputs(model):  # the same gradients, fewer copies (checkpointing's recomputation)
                     (loss * part).backward()  # the mean over the mini-batch, accumulated
-                share = part / (args.epochs_per_step * len(mini_batches))  # of the step's logged means
-                stats.update(loss=loss.item())
-                for name in logged:
-                    totals[name] += stats[name] * share
-                entropy_sum, ran = entropy_sum + masked_mean(entropy, action_mask[idx]).item() * len(idx), ran + len(idx)
+                stats.add(loss, loss_stats, part, entropy, action_mask[idx])
             skipped = rows[~needed[rows]]
             if ref_log_probs is not None and len(skipped):  # --log-kl, beta 0: the rows measured at pi_old above
                 part = action_mask[skipped].sum(dim=1).cpu() / tokens if token_level else 1 / size  # each row's share
-                totals["kl"] += (skipped_kl[skipped] * part).sum().item() / (args.epochs_per_step * len(mini_batches))
-            for p in params:  # zeros where no sequence ran: the update still steps, as it would on zero gradients
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
-            if not torch.isfinite(grad_norm):  # inf or nan: stop before an update is made with it
-                raise DivergedError(grad_norm.item(), loss.item(), updates_done)
-            totals["grad_norm"] += grad_norm.item() / (args.epochs_per_step * len(mini_batches))
-            totals["lr"] += optimizer.param_groups[0]["lr"] / (args.epochs_per_step * len(mini_batches))  # the rate used
+                stats.totals["kl"] += (skipped_kl[skipped] * part).sum().item() / stats.updates
+            grad_norm = clip_gradients(model, args.max_grad_norm, stats)  # zeros where no sequence ran; inf/nan stops
+            stats.update(grad_norm, optimizer)
             optimizer.step()
             scheduler.step()  # the schedule counts optimizer updates
-            updates_done += 1
-    if ran:
-        totals["entropy"] = entropy_sum / ran
-    return totals
+    return stats.means()
 
 @torch.no_grad()
 def evaluate(model, tokenizer, tasks, args, score):
@@ -1149,7 +1132,7 @@ def resolve_dtype(name, device):
     has_bf16 = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
     return torch.bfloat16 if has_bf16 else torch.float32
 
-def uncast_lora_inputs(model, active):
+def uncast_lora_inputs(model, active=None):
     """Under autocast, stop peft from casting each LoRA layer's bf16 input to its float32 weights' dtype: autocast
     casts it straight back to bf16 for the product, so the round trip only copies tensors as wide as the layer's
     input (2,048 at Gemma-3's down projection); the values are the same bits (tested). sequence_log_probs switches
@@ -1157,6 +1140,8 @@ def uncast_lora_inputs(model, active):
     layer's forward again. README, "Training against the machine's peak"."""
     from peft.helpers import disable_input_dtype_casting
 
+    if active is None:  # a bf16 model: LoRA's products in bf16
+        active = model.get_input_embeddings().weight.dtype == torch.bfloat16
     return disable_input_dtype_casting(model, active)  # on every LoRA layer inside model; none: nothing to do
 
 def attention_implementation(device):
@@ -1212,6 +1197,49 @@ def sampling_weights(model, args):
     finally:
         for layer in layers:
             del layer.forward
+
+# -- train_step's bookkeeping: the statistics it logs, the gradient's clipping and checks
+
+class StepStatistics:
+    """What train_step logs, as means over a step: the loss terms over its updates (each micro-batch by its share of
+    its mini-batch), the gradient norm and the learning rate over its updates, the entropy over the sequences that
+    ran. updates: the step's optimizer updates."""
+
+    def __init__(self, kl, updates):
+        self.logged = ["loss", "clip_fraction", "clip_fraction_low", "clip_fraction_high"] + (["kl"] if kl else [])
+        self.totals = dict.fromkeys(self.logged + ["grad_norm", "lr"], 0.0)
+        self.updates, self.done, self.last_loss = updates, 0, math.nan
+        self.entropy_sum, self.ran = 0.0, 0
+
+    def add(self, loss, stats, share, entropy, mask):
+        """A micro-batch's loss and grpo_loss' statistics; share: its part of its mini-batch."""
+        self.last_loss = loss.item()
+        stats.update(loss=self.last_loss)
+        for name in self.logged:
+            self.totals[name] += stats[name] * (share / self.updates)
+        self.entropy_sum, self.ran = self.entropy_sum + masked_mean(entropy, mask).item() * len(mask), self.ran + len(mask)
+
+    def update(self, grad_norm, optimizer):
+        """An optimizer update about to be made: its gradient norm and learning rate."""
+        self.totals["grad_norm"] += grad_norm.item() / self.updates
+        self.totals["lr"] += optimizer.param_groups[0]["lr"] / self.updates  # the rate used
+        self.done += 1
+
+    def means(self):
+        return {**self.totals, **({"entropy": self.entropy_sum / self.ran} if self.ran else {})}
+
+def clip_gradients(model, max_norm, stats):
+    """torch.nn.utils.clip_grad_norm_ over the trainable weights, after a zero gradient for those no sequence reached
+    (the update still steps, as it would on zero gradients). A norm of inf or nan stops the run (DivergedError) before
+    an update is made with it. Returns the norm before clipping."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    if not torch.isfinite(grad_norm):
+        raise DivergedError(grad_norm.item(), stats.last_loss, stats.done)
+    return grad_norm
 
 # -- the fast forms of the story's formulas: the output layer, log-probs and decode steps, each held equal to
 #    its plain form by a test

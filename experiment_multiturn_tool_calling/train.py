@@ -526,15 +526,16 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
     averaged over the updates."""
     ids, attention, action_mask, advantages = batch
     n, num_actions = ids.shape[0], action_mask.shape[1]
-    half = model.get_input_embeddings().weight.dtype == torch.bfloat16  # LoRA's inputs uncast, as in sequence_log_probs
-    micro_batches = torch.arange(n).split(args.train_batch_size)  # for the passes without gradients
+
+    def log_probs(policy, idx):  # log pi(a_t | s_t) and the entropy at each action token, of the sequences idx
+        return sequence_log_probs(policy, ids[idx], attention[idx], num_actions, args.temperature, action_mask[idx])
 
     ref_log_probs = None
     if args.kl_weight > 0:  # pi_ref, once per rollout; skipped entirely when beta = 0
         ref_log_probs = torch.zeros(n, num_actions, device=ids.device)
         with torch.no_grad(), reference_policy(model, reference) as ref_model:
-            for idx in micro_batches:
-                ref_log_probs[idx] = sequence_log_probs(ref_model, ids[idx], attention[idx], num_actions, args.temperature, action_mask[idx])[0]
+            for idx in torch.arange(n).split(args.train_batch_size):
+                ref_log_probs[idx] = log_probs(ref_model, idx)[0]
 
     # With beta = 0 a sequence whose advantage is 0 (a group of equal rewards) adds exactly 0 to the loss and to its
     # gradient: no pass below runs it, and each mean still divides by all the sequences (README: zero advantages).
@@ -549,46 +550,29 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
         model.eval()
         with torch.no_grad():
             for idx in filter(len, torch.arange(n)[needed].split(args.train_batch_size)):  # an empty split is one empty part
-                old_log_probs[idx] = sequence_log_probs(model, ids[idx], attention[idx], num_actions, args.temperature, action_mask[idx])[0]
+                old_log_probs[idx] = log_probs(model, idx)[0]
         model.train()
 
-    logged = ["loss", "clip_fraction"] + (["kl"] if ref_log_probs is not None else [])
-    totals = dict.fromkeys(logged + ["grad_norm", "lr"], 0.0)
-    entropy_sum, ran = 0.0, 0  # the entropy is logged over the sequences that ran
-    params, updates_done = [p for p in model.parameters() if p.requires_grad], 0
+    stats = StepStatistics(kl=ref_log_probs is not None, updates=args.epochs_per_step * args.updates_per_step)
     for epoch in range(args.epochs_per_step):
         shuffled = torch.tensor(random.Random(f"{args.seed} {step} {epoch}").sample(range(n), n))  # PPO's mini-batches
-        mini_batches = [rows for rows in shuffled.tensor_split(args.updates_per_step) if len(rows)]
-        for rows in mini_batches:
-            size = len(rows)  # sequences in this mini-batch
+        for rows in shuffled.tensor_split(args.updates_per_step):  # (complete_args: none is empty)
             optimizer.zero_grad(set_to_none=True)
             for idx in filter(len, rows[needed[rows]].split(args.train_batch_size)):
-                log_probs, entropy = sequence_log_probs(model, ids[idx], attention[idx], num_actions, args.temperature, action_mask[idx])
+                new_log_probs, entropy = log_probs(model, idx)
                 if epoch == 0 and old_from_first_pass:
-                    old_log_probs[idx] = log_probs.detach()
-                loss, stats = grpo_loss(log_probs, old_log_probs[idx], advantages[idx], action_mask[idx], args.clip_eps,
-                                        None if ref_log_probs is None else ref_log_probs[idx], args.kl_weight)
-                with uncast_lora_inputs(model, half):  # and in checkpointing's recomputation
-                    (loss * len(idx) / size).backward()  # the mean over the mini-batch's sequences, accumulated
-                share = len(idx) / size / (args.epochs_per_step * len(mini_batches))  # of the step's logged means
-                stats.update(loss=loss.item())
-                for name in logged:
-                    totals[name] += stats[name] * share
-                entropy_sum, ran = entropy_sum + masked_mean(entropy, action_mask[idx]).item() * len(idx), ran + len(idx)
-            for p in params:  # zeros where no sequence ran: the update still steps, as it would on zero gradients
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
-            if not torch.isfinite(grad_norm):  # inf or nan: stop before an update is made with it
-                raise DivergedError(grad_norm.item(), loss.item(), updates_done)
-            totals["grad_norm"] += grad_norm.item() / (args.epochs_per_step * len(mini_batches))
-            totals["lr"] += optimizer.param_groups[0]["lr"] / (args.epochs_per_step * len(mini_batches))  # the rate used
+                    old_log_probs[idx] = new_log_probs.detach()
+                loss, loss_stats = grpo_loss(new_log_probs, old_log_probs[idx], advantages[idx], action_mask[idx],
+                                             args.clip_eps, None if ref_log_probs is None else ref_log_probs[idx],
+                                             args.kl_weight)
+                with uncast_lora_inputs(model):  # the same gradients, fewer copies (checkpointing's recomputation)
+                    (loss * len(idx) / len(rows)).backward()  # the mean over the mini-batch's sequences, accumulated
+                stats.add(loss, loss_stats, len(idx) / len(rows), entropy, action_mask[idx])
+            grad_norm = clip_gradients(model, args.max_grad_norm, stats)  # zeros where no sequence ran; inf/nan stops
+            stats.update(grad_norm, optimizer)
             optimizer.step()
             scheduler.step()  # the schedule counts optimizer updates
-            updates_done += 1
-    if ran:
-        totals["entropy"] = entropy_sum / ran
-    return totals
+    return stats.means()
 
 @torch.no_grad()
 def evaluate(model, tokenizer, tasks, args, score):
@@ -931,7 +915,7 @@ def resolve_dtype(name, device):
     has_bf16 = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
     return torch.bfloat16 if has_bf16 else torch.float32
 
-def uncast_lora_inputs(model, active):
+def uncast_lora_inputs(model, active=None):
     """Under autocast, stop peft from casting each LoRA layer's bf16 input to its float32 weights' dtype: autocast
     casts it straight back to bf16 for the product, so the round trip only copies tensors as wide as the layer's
     input (2,048 at Gemma-3's down projection); the values are the same bits (tested). sequence_log_probs switches
@@ -939,6 +923,8 @@ def uncast_lora_inputs(model, active):
     layer's forward again. README, "Training against the machine's peak"."""
     from peft.helpers import disable_input_dtype_casting
 
+    if active is None:  # a bf16 model: LoRA's products in bf16
+        active = model.get_input_embeddings().weight.dtype == torch.bfloat16
     return disable_input_dtype_casting(model, active)  # on every LoRA layer inside model; none: nothing to do
 
 def attention_implementation(device):
@@ -994,6 +980,49 @@ def sampling_weights(model, args):
     finally:
         for layer in layers:
             del layer.forward
+
+# -- train_step's bookkeeping: the statistics it logs, the gradient's clipping and checks
+
+class StepStatistics:
+    """What train_step logs, as means over a step: the loss terms over its updates (each micro-batch by its share of
+    its mini-batch), the gradient norm and the learning rate over its updates, the entropy over the sequences that
+    ran. updates: the step's optimizer updates."""
+
+    def __init__(self, kl, updates):
+        self.logged = ["loss", "clip_fraction"] + (["kl"] if kl else [])
+        self.totals = dict.fromkeys(self.logged + ["grad_norm", "lr"], 0.0)
+        self.updates, self.done, self.last_loss = updates, 0, math.nan
+        self.entropy_sum, self.ran = 0.0, 0
+
+    def add(self, loss, stats, share, entropy, mask):
+        """A micro-batch's loss and grpo_loss' statistics; share: its part of its mini-batch."""
+        self.last_loss = loss.item()
+        stats.update(loss=self.last_loss)
+        for name in self.logged:
+            self.totals[name] += stats[name] * (share / self.updates)
+        self.entropy_sum, self.ran = self.entropy_sum + masked_mean(entropy, mask).item() * len(mask), self.ran + len(mask)
+
+    def update(self, grad_norm, optimizer):
+        """An optimizer update about to be made: its gradient norm and learning rate."""
+        self.totals["grad_norm"] += grad_norm.item() / self.updates
+        self.totals["lr"] += optimizer.param_groups[0]["lr"] / self.updates  # the rate used
+        self.done += 1
+
+    def means(self):
+        return {**self.totals, **({"entropy": self.entropy_sum / self.ran} if self.ran else {})}
+
+def clip_gradients(model, max_norm, stats):
+    """torch.nn.utils.clip_grad_norm_ over the trainable weights, after a zero gradient for those no sequence reached
+    (the update still steps, as it would on zero gradients). A norm of inf or nan stops the run (DivergedError) before
+    an update is made with it. Returns the norm before clipping."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    if not torch.isfinite(grad_norm):
+        raise DivergedError(grad_norm.item(), stats.last_loss, stats.done)
+    return grad_norm
 
 # -- the fast forms of the story's formulas: the output layer, log-probs and decode steps, each held equal to
 #    its plain form by a test

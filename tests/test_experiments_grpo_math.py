@@ -404,7 +404,7 @@ def test_bfloat16_lora_inputs_reach_the_adapter_uncast_and_nothing_changes(exper
     assert seen[0] == torch.bfloat16  # the forward pass; peft's cast would hand it float32
     layers = [m for m in model.modules() if hasattr(m, "cast_input_dtype_enabled")]
     assert layers and all(m.cast_input_dtype_enabled for m in layers)  # on again after the pass
-    monkeypatch.setattr(experiment, "uncast_lora_inputs", lambda model, active: contextlib.nullcontext())
+    monkeypatch.setattr(experiment, "uncast_lora_inputs", lambda model, active=None: contextlib.nullcontext())
     seen.clear()
     theirs, their_grads = log_probs_and_grads()
     assert seen[0] == torch.float32
