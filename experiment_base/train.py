@@ -524,7 +524,7 @@ def run(args):
     # linear warm-up, then constant: lr_t = lr * min(1, (t + 1) / (warmup + 1)), t counting optimizer updates
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: min(1.0, (t + 1) / (args.warmup_steps + 1)))
     step, position = resume(checkpoint_dir, model, optimizer, scheduler)  # position: (data pass, index in it)
-    logger, interrupts = Logger(args, step), Interrupts()
+    logger, interrupts, memory = Logger(args, step), Interrupts(), PhasePeaks(args.device)
 
     def save():  # the steps done so far, as run_dir/step_N
         save_checkpoint(run_dir / f"step_{step:06d}", model, optimizer, scheduler, training_state(args, step, position),
@@ -540,7 +540,7 @@ def run(args):
 
             # Rollout: sample a group of completions per prompt and score them.
             model.eval()
-            with sampling_weights(model, args):  # 4-bit weights dequantized once, not at every token
+            with sampling_weights(model, args), memory.phase("sampling"):  # 4-bit weights dequantized once
                 result = rollout(model, tokenizer, tasks, args.group_size, args.max_length, args.temperature, args.top_p,
                                  args.generation_batch_size, score)
             rollout_seconds = time.perf_counter() - started
@@ -550,11 +550,11 @@ def run(args):
             # Update the policy on that batch.
             model.train()
             batch = (result.sequence_ids, result.attention_mask, result.action_mask, advantages)
-            with interrupts.deferred():  # the weights, the optimizer and the step counter change together
+            with interrupts.deferred(), memory.phase("training"):  # weights, optimizer and step change together
                 stats = train_step(model, batch, args, optimizer, scheduler, reference, step)
                 step, position = step + 1, next_position
 
-            metrics = step_metrics(result, rewards, stats, rollout_seconds, time.perf_counter() - started, args.device)
+            metrics = step_metrics(result, rewards, stats, rollout_seconds, time.perf_counter() - started, memory)
             if args.log_completions_interval and step % args.log_completions_interval == 0:
                 logger.text("rollout/completions", sample_text(result, tasks, args.group_size), step)
             if args.eval_interval and (step % args.eval_interval == 0 or step == args.max_steps):
@@ -2206,7 +2206,7 @@ class Logger:
                     print(f"logging to {'TensorBoard' if attribute == 'writer' else 'W&B'} failed ({e}); training "
                           "goes on without it, and checkpoints are still saved", file=sys.stderr)
 
-def step_metrics(result, rewards, stats, rollout_seconds, seconds, device):
+def step_metrics(result, rewards, stats, rollout_seconds, seconds, memory):
     """What a step logs: the rollout's rewards and terms, train_step's statistics, time and memory."""
     generated = result.action_mask.sum().item()
     return {
@@ -2223,13 +2223,52 @@ def step_metrics(result, rewards, stats, rollout_seconds, seconds, device):
         "perf/step_seconds": seconds,
         "perf/rollout_seconds": rollout_seconds,
         "perf/tokens_per_second": generated / rollout_seconds,
-        "perf/memory_gb": memory_gb(device),
+        **memory.metrics(),  # each phase's memory peak, and the run's
     }
 
-def memory_gb(device):
-    if device.startswith("cuda"):
-        return torch.cuda.max_memory_allocated(device) / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # peak RSS (Linux reports KiB)
+class PhasePeaks:
+    """Each phase's own memory peak, every step (perf/sampling_peak_gb, perf/training_peak_gb): on CUDA the allocator's
+    peak allocated bytes, and reserved (..._reserved_gb), reset at the phase's start; on a CPU the process's resident
+    peak (VmHWM), reset through /proc/self/clear_refs (where the kernel refuses that: the peak since the start). A phase
+    entered twice in a step keeps the higher peak. perf/memory_gb stays the run's peak so far, phases or not."""
+
+    def __init__(self, device):
+        self.device, self.cuda, self.values, self.most = device, device.startswith("cuda"), {}, 0.0
+
+    @contextlib.contextmanager
+    def phase(self, name):
+        self.reset()
+        yield
+        for kind, value in zip(("peak", "reserved"), self.peak()):
+            if value is not None:
+                key = f"perf/{name}_{kind}_gb"
+                self.values[key] = max(value, self.values.get(key, 0.0))
+
+    def reset(self):
+        self.most = max(self.most, self.peak()[0])  # what came before the phase (an evaluation, say) counts for the run
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+            return
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # resets this process's VmHWM to its resident size now
+        except OSError:
+            pass
+
+    def peak(self):
+        """(peak GB since the last reset, reserved peak GB on CUDA or None)."""
+        if self.cuda:
+            return torch.cuda.max_memory_allocated(self.device) / 2**30, torch.cuda.max_memory_reserved(self.device) / 2**30
+        try:
+            return int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text())[1]) / 2**20, None
+        except (OSError, TypeError):  # no /proc: the peak since the start (Linux reports KiB)
+            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, None
+
+    def metrics(self):
+        """The step's phase peaks and the run's peak; the phases start afresh for the next step."""
+        self.most = max(self.most, self.peak()[0])
+        values, self.values = self.values, {}
+        return {**values, "perf/memory_gb": self.most}
 
 def sample_text(rollout, tasks, group_size, count=4):
     rows = []

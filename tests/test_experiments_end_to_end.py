@@ -199,3 +199,27 @@ def test_wandb_offline(tiny_model_dir, tasks, tmp_path, monkeypatch):
         ids.append(runs[0].stem.removeprefix("run-"))
     assert list(started_in.iterdir()) == []  # nothing written where the run was started
     assert ids[0] != ids[1]  # one W&B run per run folder
+
+
+def test_each_phase_logs_its_own_memory_peak(tiny_model_dir, tasks, tmp_path, monkeypatch):
+    """perf/memory_gb was the run's running peak alone (issue 62): a phase's peak could not be told from an earlier
+    one's. Each step now logs its sampling and training phases' own peaks, reset at each phase's start (on a CPU the
+    process's resident peak, VmHWM). A rollout that briefly holds 400 MB more shows in the sampling peak of every
+    step, and not in the training peak that follows it; the run's peak stays above both."""
+    module = load_experiment("experiment_base")
+    rollout = module.rollout
+
+    def heavy_rollout(*args, **kwargs):
+        block = torch.ones(100 * 2**20)  # 400 MB, written
+        block.add_(1)
+        del block
+        return rollout(*args, **kwargs)
+
+    monkeypatch.setattr(module, "rollout", heavy_rollout)
+    module.main(list(map(str, tiny_args(tiny_model_dir, tasks, tmp_path, "--max-steps", "2", "--eval-interval", "0",
+                                        "--quantization", "none"))))
+    scalars = {tag: dict(values) for tag, values in tensorboard_scalars(tmp_path / "runs" / "e2e").items()}
+    for step in (1, 2):
+        sampling, training = scalars["perf/sampling_peak_gb"][step], scalars["perf/training_peak_gb"][step]
+        assert sampling - training > 0.3, (step, sampling, training)
+        assert scalars["perf/memory_gb"][step] >= sampling
