@@ -646,10 +646,12 @@ def run(args):
         save_checkpoint(run_dir / f"step_{step:06d}", model, optimizer, scheduler, training_state(args, step, position),
                         args.keep_checkpoints)
 
+    evals = {}  # step: the held-out evaluation's metrics, for the progress bar and the closing line
     progress = tqdm(total=args.max_steps, initial=step, desc=args.run_name, dynamic_ncols=True)
     try:
         if args.eval_interval and step == 0:  # the eval curve's start; Ctrl-C here saves too
-            logger.scalars(evaluate(model, tokenizer, eval_tasks, args, score, search), 0)
+            evals[0] = evaluate(model, tokenizer, eval_tasks, args, score, search)
+            logger.scalars(evals[0], 0)
         while step < args.max_steps:
             started = time.perf_counter()
             tasks, next_position = next_prompts(train_tasks, args.rollouts_per_step, position, args.seed)  # seeded shuffle
@@ -674,10 +676,12 @@ def run(args):
             if args.log_completions_interval and step % args.log_completions_interval == 0:
                 logger.text("rollout/completions", sample_text(result, tasks, args.group_size), step)
             if args.eval_interval and (step % args.eval_interval == 0 or step == args.max_steps):
-                metrics.update(evaluate(model, tokenizer, eval_tasks, args, score, search))
+                evals[step] = evaluate(model, tokenizer, eval_tasks, args, score, search)
+                metrics.update(evals[step])
             logger.scalars(metrics, step)
             progress.update(1)
-            progress.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", kl=f"{stats.get('kl', 0):.4f}")
+            progress.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", kl=f"{stats.get('kl', 0):.4f}",
+                                 held_out=held_out(evals))
             if args.checkpoint_interval and step % args.checkpoint_interval == 0:
                 save()
         save()
@@ -685,7 +689,7 @@ def run(args):
         stopped(stop, step, run_dir, save, logger, progress, interrupts)  # saves the steps done, then exits or re-raises
     progress.close()
     logger.close()
-    print(f"done: {step} steps; checkpoint in {run_dir / f'step_{step:06d}'}")
+    print(f"done: {step} steps; checkpoint in {run_dir / f'step_{step:06d}'}{held_out(evals, len(eval_tasks))}")
 
 # ---- Plumbing: nothing below this line changes the algorithm ----
 
@@ -2408,6 +2412,19 @@ class PhasePeaks:
         self.most = max(self.most, self.peak()[0])
         values, self.values = self.values, {}
         return {**values, "perf/memory_gb": self.most}
+
+def held_out(evals, problems=None):
+    """The held-out accuracy at the first and last evaluations of this run ({step: evaluate's metrics}): '3% -> 55%'
+    for the progress bar; with problems, the closing line's '; held-out accuracy 3% at step 0 -> 55% at step 20 (100
+    problems, greedy)'."""
+    if not evals:
+        return ""
+    first, last = min(evals), max(evals)
+    accuracy = {s: f"{evals[s]['eval/accuracy']:.0%}" for s in (first, last)}
+    if problems is None:
+        return f"{accuracy[first]} -> {accuracy[last]}" if first != last else accuracy[last]
+    span = f"{accuracy[first]} at step {first} -> " if first != last else ""
+    return f"; held-out accuracy {span}{accuracy[last]} at step {last} ({problems} problems, greedy)"
 
 def sample_text(rollout, tasks, group_size, count=4):
     rows = []

@@ -62,6 +62,8 @@ def test_two_steps_then_resume(name, tiny_model_dir, tasks, tmp_path, capsys):
     # a clean first screen: peft's FutureWarning (is_gradient_checkpointing) and bitsandbytes' notice that it found no
     # hub kernel (AVX512-BF16 CPUs) were printed at every start
     assert "Warning" not in first.stderr and "kernels-community" not in first.stderr, first.stderr[-3000:]
+    # the closing line says what the run did to held-out accuracy (issue 61)
+    assert re.search(r"held-out accuracy \d+% at step 0 -> \d+% at step 2 \(4 problems, greedy\)", first.stdout), first.stdout
     scalars = tensorboard_scalars(tmp_path / "runs" / "e2e")
     # experiment_drgrpo's default, Dr.GRPO, has beta = 0: no reference pass, so no KL is measured or logged
     expected = LOGGED - {"train/kl"} if name == "experiment_drgrpo" else LOGGED
