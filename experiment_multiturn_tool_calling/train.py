@@ -698,7 +698,8 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
 def by_device(name, help):
     """An option whose default depends on the device (DEVICE_DEFAULTS): absent until complete_args sets it."""
     gpu, cpu = DEVICE_DEFAULTS[name]
-    return {"default": argparse.SUPPRESS, "help": f"{help} (default: {gpu} on CUDA, {cpu} on CPU)"}
+    shown = lambda value: value if value != "" else "none"  # noqa: E731
+    return {"default": argparse.SUPPRESS, "help": f"{help} (default: {shown(gpu)} on CUDA, {shown(cpu)} on CPU)"}
 
 def real(interval, kind=float):
     """An argparse type: a finite number in an interval written as in mathematics, '(0, 1]' or '[0, inf)'."""

@@ -111,6 +111,17 @@ def tiny(experiment, tiny_model_dir):
     return load_tiny(experiment, tiny_model_dir)
 
 
+def earlier_cpu_defaults(module):
+    """The options whose CPU default became the learning recipe on 2026-11-27 (temperature 0.8, beta 0, correctness
+    alone), at the values the tests here were written and measured against: temperature 1, beta 0.01 where the copy's
+    default is by device (experiment_drgrpo's algorithms choose their own), every reward term. Only for the copies
+    that train on --task; the multi-turn ones keep their own CPU defaults."""
+    pinned = {"temperature": "1.0", "kl_weight": "0.01", "reward_weights": ""}
+    if module.EXPERIMENT not in TASK_EXPERIMENTS:
+        return []
+    return [x for name, value in pinned.items() if name in module.DEVICE_DEFAULTS for x in (f"--{name.replace('_', '-')}", value)]
+
+
 def seven_reward(completion, answer, *args, **kwargs):
     """Reward terms whose correctness is the fraction of the completion's characters that are '7': about 1%
     for the untrained model, a task it can learn within seconds."""
@@ -132,7 +143,8 @@ def learn_sevens(module, model_dir, tmp_path, monkeypatch, steps, *options):
         "--model-name", str(model_dir), "--device", "cpu", "--dtype", "float32", "--data-path", str(data),
         "--max-steps", str(steps), "--group-size", "8", "--rollouts-per-step", "4", "--max-length", "8", "--lr", "3e-2",
         "--seed", "1", "--eval-interval", "0", "--checkpoint-interval", "0", "--log-completions-interval", "0",
-        "--log-dir", str(tmp_path / "runs"), "--checkpoint-path", str(tmp_path / "out"), "--run-name", "learn", *options,
+        "--log-dir", str(tmp_path / "runs"), "--checkpoint-path", str(tmp_path / "out"), "--run-name", "learn",
+        *earlier_cpu_defaults(module), *options,
     ])
     rewards = [value for _, value in sorted(tensorboard_scalars(tmp_path / "runs")["rollout/reward_mean"])]
     assert len(rewards) == steps

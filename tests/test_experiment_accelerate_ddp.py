@@ -127,7 +127,8 @@ GRADIENT_CHECK = textwrap.dedent('''
     ddp = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ddp)
     args = ddp.parse_args(["--model-name", sys.argv[2], "--device", "cpu", "--quantization", "4bit", "--dtype", "float32",
-                           "--lora-r", "4", "--kl-weight", "0.1", "--train-batch-size", "4", "--max-grad-norm", "1e9"])
+                           "--lora-r", "4", "--kl-weight", "0.1", "--train-batch-size", "4", "--max-grad-norm", "1e9",
+                           "--temperature", "1.0", "--reward-weights", ""])  # every reward term: gradients to check
     accelerator = Accelerator(cpu=True)
     rank = accelerator.process_index
     torch.manual_seed(0)
@@ -205,7 +206,7 @@ def test_each_pass_is_a_seeded_shuffle_of_this_process_rows(tiny_model_dir, monk
     ddp = load_experiment("experiment_accelerate_ddp")
     args = ddp.parse_args(["--model-name", str(tiny_model_dir), "--device", "cpu", "--quantization", "none",
                            "--dtype", "float32", "--group-size", "2", "--rollouts-per-step", "2", "--lr", "1e-2",
-                           "--train-batch-size", "1", "--epochs-per-step", "3"])
+                           "--train-batch-size", "1", "--epochs-per-step", "3", "--kl-weight", "0.01"])
     torch.manual_seed(0)
     model, _ = ddp.load_model(args)
     optimizer = ddp.make_optimizer(model, args)

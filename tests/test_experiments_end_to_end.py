@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import (EXPERIMENTS, ROOT, TASK_EXPERIMENTS, hang_guard, help_text, load_experiment, run_script,
-                      seven_reward, tensorboard_scalars, write_jsonl)
+from conftest import (EXPERIMENTS, ROOT, TASK_EXPERIMENTS, earlier_cpu_defaults, hang_guard, help_text, load_experiment,
+                      run_script, seven_reward, tensorboard_scalars, write_jsonl)
 
 LOGGED = {
     "rollout/reward_mean", "rollout/reward_std", "rollout/reward_min", "rollout/reward_max", "rollout/format_rate",
@@ -56,8 +56,9 @@ def test_two_steps_then_resume(name, tiny_model_dir, tasks, tmp_path, capsys):
     """`python train.py` for two steps, then a resume in this process (main(argv), the same code after the
     interpreter starts: one fresh interpreter a copy is enough, each costs seconds of imports)."""
     script = ROOT / name / "train.py"
+    pinned = earlier_cpu_defaults(load_experiment(name))  # a KL term, every reward term: what the tags need
     first = run_script(script, *tiny_args(tiny_model_dir, tasks, tmp_path, "--max-steps", "2", "--eval-interval", "1",
-                                          "--log-completions-interval", "1"))
+                                          "--log-completions-interval", "1", *pinned))
     assert first.returncode == 0, first.stderr[-3000:]
     # a clean first screen: peft's FutureWarning (is_gradient_checkpointing) and bitsandbytes' notice that it found no
     # hub kernel (AVX512-BF16 CPUs) were printed at every start
@@ -77,7 +78,8 @@ def test_two_steps_then_resume(name, tiny_model_dir, tasks, tmp_path, capsys):
     assert not list((tmp_path / "out" / "e2e").glob("*.partial"))
 
     load_experiment(name).main(list(map(str, tiny_args(tiny_model_dir, tasks, tmp_path, "--max-steps", "3",
-                                                        "--eval-interval", "0", "--resume", tmp_path / "out" / "e2e"))))
+                                                        "--eval-interval", "0", "--resume", tmp_path / "out" / "e2e",
+                                                        *pinned))))
     resumed = capsys.readouterr().out
     assert "resumed from" in resumed and "at step 2" in resumed
     scalars = tensorboard_scalars(tmp_path / "runs" / "e2e")
@@ -157,8 +159,9 @@ def test_help_lists_every_option_with_its_default(name):
                    "--eval-interval", "--eval-prompts", "--log-dir", "--run-name", "--wandb", "--wandb-project",
                    "--log-completions-interval"]:
         assert option in text, option
-    for default in ["(default: 16 on CUDA, 4 on CPU)", "(default: math on CUDA, sequence on CPU)", "(default: runs)",
-                    "(default: 0.2)", "(default: 42)"]:
+    for default in ["(default: 16 on CUDA, 8 on CPU)", "(default: math on CUDA, sequence on CPU)", "(default: runs)",
+                    "(default: 0.2)", "(default: 42)", "(default: 1.0 on CUDA, 0.8 on CPU)",
+                    "(default: none on CUDA, format=0,reasoning=0 on CPU)"]:
         assert default in text, default
 
 

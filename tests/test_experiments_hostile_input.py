@@ -102,7 +102,7 @@ def test_rewards_whose_spread_overflows_are_refused(experiment):
 def test_a_nan_loss_stops_the_run_and_keeps_the_steps_done(name, tiny_model_dir, tmp_path, monkeypatch, capsys):
     """From step 2 on the loss is nan: the run stops before updating with it, says so, and step 1 is saved with
     finite weights (before, every later step trained on nan and the run ended with exit 0)."""
-    from conftest import fails_with, seven_reward, write_jsonl
+    from conftest import earlier_cpu_defaults, fails_with, seven_reward, write_jsonl
     from safetensors.torch import load_file
 
     module = load_experiment(name)
@@ -120,7 +120,8 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_steps_done(name, tiny_model_dir,
                                "float32", "--data-path", data, "--max-steps", "3", "--group-size", "2",
                                "--rollouts-per-step", "2", "--max-length", "4", "--eval-interval", "0",
                                "--log-dir", tmp_path / "runs", "--checkpoint-path", tmp_path / "out", "--run-name", "r",
-                               *(["--algorithm", "grpo"] if name == "experiment_drgrpo" else [])], capsys)
+                               *earlier_cpu_defaults(module), *(["--algorithm", "grpo"] if name == "experiment_drgrpo" else [])],
+                      capsys)
     assert "step 2 diverged" in said and "gradient norm is nan" in said
     steps = sorted(p.name for p in (tmp_path / "out" / "r").iterdir())
     assert steps == ["step_000001"]
@@ -131,7 +132,7 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_steps_done(name, tiny_model_dir,
 # ---- the run folder: every checkpoint in it this run's own ----
 
 def tiny_run(module, model_dir, tmp_path, *extra, steps=1):
-    from conftest import write_jsonl
+    from conftest import earlier_cpu_defaults, write_jsonl
 
     data = write_jsonl(tmp_path / "tasks.jsonl", [{"question": f"Say {i}", "answer": "7"} for i in range(8)])
     if "multiturn_qa" in module.__file__:  # a corpus of its own, searched by BM25 (no encoder to load)
@@ -141,7 +142,7 @@ def tiny_run(module, model_dir, tmp_path, *extra, steps=1):
     return ["--model-name", model_dir, "--device", "cpu", "--quantization", "none", "--dtype", "float32",
             "--data-path", data, "--max-steps", str(steps), "--group-size", "2", "--rollouts-per-step", "2",
             "--max-length", "4", "--eval-interval", "0", "--log-dir", tmp_path / "runs",
-            "--checkpoint-path", tmp_path / "out", "--run-name", "r", *extra]
+            "--checkpoint-path", tmp_path / "out", "--run-name", "r", *earlier_cpu_defaults(module), *extra]
 
 
 def files_of(folder):
