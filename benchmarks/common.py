@@ -160,7 +160,8 @@ def project_steps(base, options, tasks, args, profile=None):
         start = min(step, args.steps - 1) * args.prompts  # the profiled extra step takes the last step's prompts
         with base.sampling_weights(model, options):  # as train.py samples: 4-bit weights dequantized once a rollout
             result = base.rollout(model, tokenizer, tasks[start : start + args.prompts], args.group_size,
-                                  args.max_new_tokens, generation_batch_size=options.generation_batch_size)
+                                  args.max_new_tokens, options.temperature,  # the T train_step takes log-probs at
+                                  generation_batch_size=options.generation_batch_size)
         sampled = time.perf_counter()
         if cuda:
             peaks.update(gpu_peaks(torch, "sampling"))

@@ -85,7 +85,7 @@ def setup(args, folder, device):
                                "--dtype", "bfloat16", "--lora-r", str(args.lora_r), "--lora-alpha", str(2 * args.lora_r),
                                "--group-size", str(args.group_size), "--rollouts-per-step", str(args.prompts),
                                "--max-length", str(args.max_new_tokens), "--train-batch-size", str(args.train_batch_size),
-                               "--generation-batch-size", str(args.generation_batch_size)])
+                               "--generation-batch-size", str(args.generation_batch_size), "--temperature", "1.0"])
     workload_args = argparse.Namespace(model_name=str(folder), dtype="bfloat16", prompts=args.prompts, steps=args.steps,
                                        data_path=ROOT / "data" / "math_tasks.jsonl")
     tokenizer, tasks = workload(workload_args, base)[3:]

@@ -103,7 +103,7 @@ def run_config(args, config):
     options = base.parse_args(["--model-name", path, "--device", device, "--dtype", dtype_name, "--quantization", "none",
                                "--kl-weight", "0.01" if config == "kl" else "0", "--group-size", str(args.group_size),
                                "--rollouts-per-step", str(args.prompts), "--max-length", str(args.max_new_tokens),
-                               "--train-batch-size", str(args.prompts * args.group_size)]
+                               "--train-batch-size", str(args.prompts * args.group_size), "--temperature", "1.0"]
                               + (["--no-gradient-checkpointing"] if config == "no_checkpointing" else []))
     steps = project_steps(base, options, tasks, args)
     measured = steps[1:]

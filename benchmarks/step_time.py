@@ -53,7 +53,7 @@ def run_project(args):
                                "--lora-r", str(args.lora_r), "--lora-alpha", str(2 * args.lora_r), "--lr", str(args.lr),
                                "--kl-weight", str(args.kl_weight), "--group-size", str(args.group_size),
                                "--rollouts-per-step", str(args.prompts), "--max-length", str(args.max_new_tokens),
-                               "--train-batch-size", str(args.prompts * args.group_size)])
+                               "--train-batch-size", str(args.prompts * args.group_size), "--temperature", "1.0"])  # TRL's
     profile = {} if args.profile else None
     steps = project_steps(base, options, tasks, args, profile)
     memory = {**peak_memory(device), **({"peak_rss_gb": profile["peak_rss_gb"]} if profile else {})}  # not the profiler's
