@@ -1977,7 +1977,7 @@ def training_state(args, step, position):
 
 def data_fingerprint(path):
     """The training data whose position a checkpoint holds: its resolved path, and the size and SHA-256 of its
-    files (for a hub id, its name alone). Written at each save (a hash takes a second per GB), compared on --resume."""
+    files (for a hub id, its name alone). Written at each save (it reads every file once), compared on --resume."""
     local = Path(path).expanduser()
     if hub_id(path):
         return {"path": path}
