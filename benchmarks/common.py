@@ -141,16 +141,31 @@ def peak_memory(device):
     return peak
 
 
-def project_steps(base, options, tasks, args, profile=None):
+def project_steps(base, options, tasks, args, profile=None, evaluation=None):
     """Load the model and run args.steps GRPO steps of experiment_base, timing sampling and the whole step, and
     counting each step's training FLOPs (training_flops); on CUDA also the peak GPU memory, allocated and reserved,
     of each phase. profile: a dict that receives the PyTorch profiler's table of the training phase of one more
-    step, run after the measured ones (the profiler's own time and memory stay out of the figures)."""
+    step, run after the measured ones (the profiler's own time and memory stay out of the figures). evaluation: a
+    dict holding "tasks", the held-out tasks of train.py's step-0 evaluation, run first and timed into it
+    ("seconds", "tokens")."""
     torch = base.torch
     cuda = options.device.startswith("cuda")
     torch.manual_seed(0)
     model, tokenizer = base.load_model(options)
     optimizer = base.make_optimizer(model, options)
+    if evaluation is not None:  # as train.py's run does before its first step
+        spied = []
+        rollout = base.rollout
+        base.rollout = lambda *a, **k: spied.append(rollout(*a, **k)) or spied[-1]
+        started = time.perf_counter()
+        try:
+            evaluation.update(base.evaluate(model, tokenizer, evaluation.pop("tasks"), options, base.Scorer()))
+        finally:
+            base.rollout = rollout
+        evaluation.update(seconds=time.perf_counter() - started, tokens=int(spied[0].action_mask.sum()),
+                          rows=len(spied[0].completions), **(gpu_peaks(torch, "evaluation") if cuda else {}))
+        if getattr(args, "progress", False):
+            print(f"evaluation: {json.dumps(evaluation)}", flush=True)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: 1.0)  # constant, as --warmup-steps 0
     steps = []
     for step in range(args.steps + (profile is not None)):  # --profile: one more step, profiled and not counted
@@ -192,6 +207,8 @@ def project_steps(base, options, tasks, args, profile=None):
         steps.append({"seconds": time.perf_counter() - started, "sampling_seconds": sampled - started,
                       "tokens": int(result.action_mask.sum()), "training_flops": flops, "trained": int(ran.sum()),
                       "completions": len(ran), **peaks})
+        if getattr(args, "progress", False):  # a command that a time limit may stop keeps the steps it finished
+            print(f"step {step + 1}: {json.dumps(steps[-1])}", flush=True)
     return steps
 
 

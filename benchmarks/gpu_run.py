@@ -57,9 +57,16 @@ def parse_args(argv=None):
     p.add_argument("--dry-run", action="store_true", help="the same code on the CPU, on a 2-layer Llama of small widths, "
                    "2 prompts x 2 completions x 8 tokens, for CI; the estimate still measures Llama-3.2-1B's shapes")
     p.add_argument("--skip-trl", action="store_true", help="run experiment_base alone, not TRL's GRPOTrainer after it")
+    p.add_argument("--skip-estimate", action="store_true", help="leave out memory_estimate.py's estimate and the table "
+                   "of what fits (it loads Llama-3.2-1B on the CPU once more)")
+    p.add_argument("--evaluate", action="store_true", help="first time train.py's step-0 evaluation: --eval-prompts' "
+                   "default held-out problems, greedy, the same budget")
+    p.add_argument("--experiment", default="experiment_base", help="the folder, in the repository, whose train.py runs: "
+                   "an older copy of experiment_base's placed there compares before and after in one lease (default: %(default)s)")
     p.add_argument("--json", type=output_file, help="also write the steps, the estimate and the recommendation as JSON here")
     args = p.parse_args(argv)
     args.sizes = argparse.Namespace(**vars(args))  # the estimate and the recommendation: the sizes asked for
+    args.progress = True  # each step's figures printed as it ends: a lease's time limit then costs only the step it stops
     if args.dry_run:
         args.prompts, args.group_size, args.max_new_tokens = 2, 2, 8
         args.generation_batch_size, args.train_batch_size = 4, 2
@@ -79,8 +86,9 @@ def cap_memory(torch, cap_gb):
 
 
 def setup(args, folder, device):
-    """experiment_base, its options at the CUDA defaults for the sizes asked for, the tokenizer and the tasks."""
-    base = load_experiment()
+    """experiment_base (or --experiment), its options at the CUDA defaults for the sizes asked for, the tokenizer and
+    the tasks."""
+    base = load_experiment(args.experiment)
     options = base.parse_args(["--model-name", str(folder), "--device", device, "--quantization", "4bit",
                                "--dtype", "bfloat16", "--lora-r", str(args.lora_r), "--lora-alpha", str(2 * args.lora_r),
                                "--group-size", str(args.group_size), "--rollouts-per-step", str(args.prompts),
@@ -96,7 +104,14 @@ def run_steps(args, folder, device):
     """experiment_base's steps on the random model in folder: the list of per-step figures, and the longest prompt."""
     base, options, tokenizer, tasks = setup(args, folder, device)
     prompt_tokens = max(len(tokenizer(t["prompt"]).input_ids) for t in tasks)
-    return project_steps(base, options, tasks, args), prompt_tokens
+    evaluation = None
+    if args.evaluate:
+        held_out = base.load_tasks(str(ROOT / options.eval_data_path), max_rows=2 if args.dry_run else options.eval_prompts)
+        evaluation = {"tasks": [{**t, "prompt": base.format_prompt(tokenizer, t["question"])} for t in held_out]}
+    steps = project_steps(base, options, tasks, args, evaluation=evaluation)
+    if evaluation:
+        steps[0]["evaluation"] = evaluation
+    return steps, prompt_tokens
 
 
 def run_trl(args, folder, device):
@@ -182,16 +197,19 @@ def main(argv=None):
     cuda = torch.cuda.is_available() and not args.dry_run
     if not cuda and not args.dry_run:
         raise SystemExit("error: no CUDA device here; --dry-run runs the same code on the CPU")
+    load_experiment(args.experiment)  # its import sets the CUDA allocator's options, before cap_memory starts CUDA
     gpu = cap_memory(torch, args.memory_cap_gb) if cuda else None
     with tempfile.TemporaryDirectory() as folder:
         build_random_llama(folder, **(DRY_RUN_SHAPE if args.dry_run else {}))
         steps, prompt_tokens = run_steps(args, folder, "cuda:0" if cuda else "cpu")
         trl = None if args.skip_trl else run_trl(args, folder, "cuda:0" if cuda else "cpu")
-    parts = memory_estimate.measure(argparse.Namespace(tiny=args.dry_run, lora_r=args.lora_r, measure_tokens=64 if args.dry_run else 256))
-    estimated = estimate(args, prompt_tokens, args.sizes.generation_batch_size, args.sizes.train_batch_size, parts)
-    measured = steps[-1]
-    scale = {phase: measured[f"{phase}_allocated_gb"] / estimated[phase] if cuda else 1.0 for phase in ("sampling", "training")}
-    recommendation = recommend(args, prompt_tokens, parts, scale)
+    estimated, scale, recommendation = None, None, {}
+    if not args.skip_estimate:
+        parts = memory_estimate.measure(argparse.Namespace(tiny=args.dry_run, lora_r=args.lora_r, measure_tokens=64 if args.dry_run else 256))
+        estimated = estimate(args, prompt_tokens, args.sizes.generation_batch_size, args.sizes.train_batch_size, parts)
+        measured = steps[-1]
+        scale = {phase: measured[f"{phase}_allocated_gb"] / estimated[phase] if cuda else 1.0 for phase in ("sampling", "training")}
+        recommendation = recommend(args, prompt_tokens, parts, scale)
 
     where = f"{gpu[0]} capped at {args.memory_cap_gb:g} GB of {gpu[1]:.0f}" if cuda else "CPU (--dry-run: 2 layers, small widths)"
     print(f"\nLlama-3.2-1B architecture, random weights, 4-bit NF4 + LoRA r{args.lora_r}, {where}: {args.prompts} prompts x "
@@ -203,11 +221,19 @@ def main(argv=None):
         memory = [f"{s[f'{phase}_allocated_gb']:.2f} / {s[f'{phase}_reserved_gb']:.2f}" if cuda else "-" for phase in ("sampling", "training")]
         print(f"| {i} | {s['sampling_seconds']:.1f} | {s['seconds'] - s['sampling_seconds']:.1f} | "
               f"{s['tokens'] / s['sampling_seconds']:.0f} | {memory[0]} | {memory[1]} |")
+    if steps[0].get("evaluation"):
+        e = steps[0]["evaluation"]
+        print(f"\nthe step-0 evaluation: {e['rows']} held-out problems, greedy, {e['tokens']} tokens in {e['seconds']:.1f} s"
+              + (f", peak GB {e['evaluation_allocated_gb']:.2f} / {e['evaluation_reserved_gb']:.2f}" if cuda else ""))
     if trl is not None and trl["steps"]:
         trl["side_by_side"] = side_by_side(steps, trl, cuda)
         print_side_by_side(trl["side_by_side"])
     elif trl is not None:
         print(f"\nTRL's GRPOTrainer on the same steps: {trl['error']}")
+    if estimated is None:
+        write_json(args.json, {"settings": {k: str(v) for k, v in vars(args.sizes).items()}, "device": where, "steps": steps,
+                               "trl": trl, "prompt_tokens": prompt_tokens}, machine("bfloat16" + (f" on {gpu[0]}" if cuda else "")))
+        return
     print(f"\nmemory_estimate.py for {args.sizes.generation_batch_size} sequences sampled and {args.sizes.train_batch_size} "
           f"trained at once, {args.sizes.max_new_tokens}-token completions: sampling {estimated['sampling']:.2f} GB, training {estimated['training']:.2f} GB"
           + (f" (measured / estimated: {scale['sampling']:.2f}, {scale['training']:.2f})" if cuda else " (not measured: no GPU)"))

@@ -619,6 +619,11 @@ import csv, decimal, fcntl, functools, glob, hashlib, http.client, importlib, in
 import shutil, signal, tempfile, threading, urllib.error, urllib.request, warnings, weakref  # noqa: E401,E402
 
 CACHE_DIR = Path(os.environ.get("TINY_GRPO_CACHE", Path.home() / ".cache" / "tiny-grpo"))
+# On CUDA the allocator maps memory in pages that one phase frees and the next reuses (the KV cache's shapes, then the
+# training pass's), instead of holding blocks cut for the first phase's shapes: the reserved peak stays near the
+# allocated one. Read at the first CUDA allocation, which comes after this import; a user's own setting stands.
+if "PYTORCH_ALLOC_CONF" not in os.environ and "PYTORCH_CUDA_ALLOC_CONF" not in os.environ:
+    os.environ["PYTORCH_ALLOC_CONF"] = "expandable_segments:True"
 # Library notices a run can do nothing about, kept off its first screen: peft 0.21 reads transformers 5's deprecated
 # is_gradient_checkpointing (a FutureWarning at every load); bitsandbytes on an AVX512-BF16 CPU tries to fetch a kernel
 # from the hub (the 'kernels' package, absent) and says so before it falls back to its own
@@ -1905,12 +1910,14 @@ def stop_token_ids(model, tokenizer):
     return sorted(i for i in ids if i is not None)
 
 def ends_with_stop_string(tokenizer, tokens, finished):
-    """True for running sequences whose last tokens spell one of STOP_STRINGS (a token holds one character or more)."""
+    """True for running sequences whose last tokens spell one of STOP_STRINGS (a token holds one character or more).
+    The tails cross to the host in one copy and the answers come back in one: on a GPU, writing each row's answer
+    into a GPU tensor was a copy and a wait per row, 256 of them at every token (README: where sampling's time goes)."""
     tail = torch.stack(tokens[-max(map(len, STOP_STRINGS), default=1):], dim=1)
-    running = (~finished).nonzero().flatten().tolist()
+    running = (~finished).nonzero().flatten()
+    texts = tokenizer.batch_decode(tail[running].tolist())
     hit = torch.zeros_like(finished)
-    for row, text in zip(running, tokenizer.batch_decode(tail[running])):
-        hit[row] = any(stop in text for stop in STOP_STRINGS)
+    hit[running] = torch.tensor([any(stop in text for stop in STOP_STRINGS) for text in texts], dtype=torch.bool).to(hit.device)
     return hit
 
 def pad_right(x, width, value):

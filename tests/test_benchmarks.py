@@ -2,6 +2,7 @@
 them for real; their figures are in README.md)."""
 
 import json
+import re
 import os
 from pathlib import Path
 
@@ -263,6 +264,26 @@ def test_gpu_run_dry_run(tmp_path):
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit, match="no CUDA device here; --dry-run"):
             gpu_run.main(["--steps", "1"])
+
+
+def test_gpu_run_times_the_step_0_evaluation_and_runs_another_copy(tmp_path):
+    """For a lease's before/after in one command: --experiment runs an older copy of experiment_base's train.py placed
+    in a folder (here one that leaves a mark as it loads), --evaluate times train.py's step-0 held-out evaluation first
+    (greedy, one completion per problem), and each step's figures are printed as it ends, so that a command stopped by
+    the lease's time limit keeps them; --skip-estimate leaves out the estimate."""
+    copy = tmp_path / "older"
+    copy.mkdir()
+    source = (ROOT / "experiment_base" / "train.py").read_text()
+    marked = source.replace("@torch.no_grad()\ndef rollout(", "print('the older copy runs')\n\n@torch.no_grad()\ndef rollout(", 1)
+    assert marked != source
+    (copy / "train.py").write_text(marked)
+    stdout, table = run_benchmark(tmp_path, "gpu_run.py", "--dry-run", "--steps", "1", "--skip-trl", "--skip-estimate",
+                                  "--evaluate", "--experiment", str(copy))
+    assert "the older copy runs" in stdout
+    evaluation = table["steps"][0]["evaluation"]
+    assert evaluation["rows"] == 2 and evaluation["tokens"] == 2 * 8 and evaluation["seconds"] > 0  # 2 problems x 8 tokens
+    assert "eval/accuracy" in evaluation and "estimate_gb" not in table
+    assert re.search(r"^step 1: \{.*\"tokens\": 32", stdout, re.M) and "the step-0 evaluation: 2 held-out problems" in stdout
 
 
 def test_evaluate_takes_the_checkpoints_own_adapter_shape(tiny_model_dir, tmp_path, capsys):

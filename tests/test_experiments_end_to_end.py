@@ -1,5 +1,6 @@
 """Each train.py as a user runs it: a fresh process, the tiny model in 4-bit on CPU."""
 
+import os
 import re
 import signal
 import subprocess
@@ -228,3 +229,22 @@ def test_each_phase_logs_its_own_memory_peak(tiny_model_dir, tasks, tmp_path, mo
         sampling, training = scalars["perf/sampling_peak_gb"][step], scalars["perf/training_peak_gb"][step]
         assert sampling - training > 0.3, (step, sampling, training)
         assert scalars["perf/memory_gb"][step] >= sampling
+
+
+def test_cuda_memory_is_mapped_in_pages_unless_the_user_says_otherwise():
+    """Importing a train.py asks PyTorch's allocator for expandable segments (a CUDA run's reserved peak then stays
+    near its allocated one, #62), before any CUDA allocation; a user's own PYTORCH_ALLOC_CONF or
+    PYTORCH_CUDA_ALLOC_CONF stands. Every copy, in one process each way."""
+    program = ("import os, sys; sys.path.insert(0, 'tests'); from conftest import EXPERIMENTS, load_experiment\n"
+               "for name in EXPERIMENTS:\n    load_experiment(name)\n"
+               "print(os.environ.get('PYTORCH_ALLOC_CONF'), os.environ.get('PYTORCH_CUDA_ALLOC_CONF'))")
+    clean = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")}
+    def run(**env):
+        done = subprocess.run([sys.executable, "-c", program], cwd=ROOT, env={**clean, **env}, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split()[-2:]
+
+    assert run() == ["expandable_segments:True", "None"]
+    assert run(PYTORCH_CUDA_ALLOC_CONF="max_split_size_mb:128") == ["None", "max_split_size_mb:128"]
+    assert run(PYTORCH_ALLOC_CONF="garbage_collection_threshold:0.8") == ["garbage_collection_threshold:0.8", "None"]

@@ -453,6 +453,34 @@ def test_action_mask_stops_at_first_eos_and_stop_string(tiny, monkeypatch):
     ]
 
 
+def test_the_stop_string_check_costs_the_same_ops_at_any_batch_size(tiny):
+    """The stop-string check runs at every decode step: its tensor ops (on a GPU, each copy to or from the host is a
+    wait for the GPU) must not grow with the rows. Writing each row's answer one at a time made one copy per row, 256
+    waits a token on the H100 (README: where sampling's time goes). The answers stay right."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    experiment, _, tokenizer = tiny
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    def check(rows):
+        t = tokenizer.convert_tokens_to_ids
+        tokens = [torch.tensor([t("1")] * rows), torch.tensor([t("</answer>") if r % 3 == 0 else t("x") for r in range(rows)])]
+        finished = torch.tensor([r % 2 == 1 for r in range(rows)])
+        Count.ops = 0
+        with Count():
+            hit = experiment.ends_with_stop_string(tokenizer, tokens, finished)
+        assert hit.tolist() == [r % 3 == 0 and r % 2 == 0 for r in range(rows)]
+        return Count.ops
+
+    assert check(4) == check(64)
+
+
 def test_rollout_rows_are_grouped_and_masks_align(tiny):
     experiment, model, tokenizer = tiny
     torch.manual_seed(0)
