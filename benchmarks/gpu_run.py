@@ -23,7 +23,7 @@ sampled tokens per second, peak GPU memory, and their ratio. Out of memory under
 result. --skip-trl runs experiment_base alone.
 
 Run on one NVIDIA H100 80GB on 2026-11-24, 2026-11-26 and 2026-11-27 (the figures are in the README's "What was verified,
-and where" and benchmarks/results/gpu_run_h100_*.json); everywhere else, --dry-run.
+and where" and benchmarks/results/gpu_run_h100_*.json, named in docs/results/verified.md); everywhere else, --dry-run.
 """
 
 import argparse

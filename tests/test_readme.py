@@ -1,6 +1,8 @@
-"""The README stays true: the test command CI runs, every option of the base experiment, and each experiment's
-own options in its own README."""
+"""The README and docs/ stay true: the test command CI runs, every option of the base experiment, and each
+experiment's own options in its own README; the README short enough to read in ten minutes, every link and anchor
+found, and benchmarks/results/ holding exactly the JSON the text cites."""
 
+import os
 import re
 
 import pytest
@@ -21,10 +23,66 @@ def options(experiment):
     return set(re.findall(r"(?:^ +|, )(--[a-z][a-z0-9-]*[a-z0-9])\b", help_text(experiment), re.MULTILINE)) - {"--help"}
 
 
+MARKDOWN = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sorted(ROOT.glob("experiment_*/README.md"))]
+
+
+def text(paths=MARKDOWN):
+    return "\n".join(path.read_text() for path in paths)
+
+
+def anchor(title):
+    """The anchor GitHub makes of a heading: lower case, punctuation but hyphens dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
+
+
+def headings(path):
+    body = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.MULTILINE | re.DOTALL)  # none inside code blocks
+    return re.findall(r"^#{1,6} (.+)$", body, re.MULTILINE)
+
+
 def test_every_base_option_is_documented():
-    readme = (ROOT / "README.md").read_text()
+    """Every option of experiment_base's --help, in the README or docs/ (the options table is docs/usage.md's)."""
+    documented = text([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
     base = options("experiment_base")
-    assert base and not {o for o in base if f"`{o}`" not in readme}
+    assert base and not {o for o in base if f"`{o}`" not in documented}
+
+
+def test_the_readme_is_read_in_ten_minutes_and_no_line_runs_on():
+    """At most 350 lines in the README (the READMEs a reader compares it with are 200-240); no line over 200
+    characters in it or in docs/ (one was 2,079)."""
+    readme = (ROOT / "README.md").read_text().splitlines()
+    assert len(readme) <= 350
+    long = [f"{path.relative_to(ROOT)}:{n}" for path in [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]
+            for n, line in enumerate(path.read_text().splitlines(), start=1) if len(line) > 200]
+    assert not long
+
+
+def test_every_link_and_anchor_is_found():
+    """Each relative link of the README, docs/ and the experiments' READMEs names a file that exists, and its #anchor
+    a heading of that file (or of the same file)."""
+    broken = []
+    for path in MARKDOWN:
+        body = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.MULTILINE | re.DOTALL)
+        for target in re.findall(r"\]\(([^)\s]+)\)", body):
+            if re.match(r"^[a-z]+:", target):
+                continue
+            file, _, fragment = target.partition("#")
+            linked = (path.parent / file).resolve() if file else path
+            if not linked.exists():
+                broken.append(f"{path.relative_to(ROOT)}: {target} (no such file)")
+            elif fragment and linked.suffix == ".md" and fragment not in map(anchor, headings(linked)):
+                broken.append(f"{path.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken
+
+
+def test_the_results_folder_holds_what_the_text_cites():
+    """Both ways: every JSON of benchmarks/results/ that the README, docs/ or an experiment's README names exists,
+    and every JSON in the folder is named there (what no text cites any longer goes; git keeps it)."""
+    cited = set(re.findall(r"(?<![\w*.-])([\w-]+\.json)\b", text()))
+    kept = {path.name for path in (ROOT / "benchmarks" / "results").glob("*.json")}
+    assert not kept - cited, "in benchmarks/results/ but cited nowhere"
+    named = set(re.findall(r"benchmarks/results/([\w-]+\.json)\b", text()))  # a path: other names are other files
+    assert named and not named - kept, "cited, but not in benchmarks/results/"
 
 
 @pytest.mark.parametrize("experiment", [name for name in EXPERIMENTS if name != "experiment_base"])
@@ -38,12 +96,10 @@ def test_each_experiments_own_options_are_documented(experiment):
 def test_the_contents_list_every_section_and_each_link_finds_it():
     """The table of contents at the top: one link per ## / ### heading, in order, each to the anchor GitHub makes."""
     readme = (ROOT / "README.md").read_text()
-    body = re.sub(r"^```.*?^```", "", readme, flags=re.MULTILINE | re.DOTALL)  # no headings inside code blocks
-    headings = re.findall(r"^#{2,3} (.+)$", body, re.MULTILINE)
+    sections = [title for title in headings(ROOT / "README.md") if not title.startswith("tiny-grpo")]
     contents = readme.split("Contents:", 1)[1].split("\n## ", 1)[0]
     links = re.findall(r"^ *\* \[(.+)\]\(#([^)]+)\)$", contents, re.MULTILINE)
-    assert [title for title, _ in links] == headings
-    anchor = lambda title: re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")  # noqa: E731
+    assert [title for title, _ in links] == sections
     assert all(target == anchor(title) for title, target in links)
 
 
