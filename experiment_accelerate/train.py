@@ -329,7 +329,7 @@ def sample(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, te
     out = body(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, use_cache=True)  # prefill
     out.past_key_values.batch_repeat_interleave(group_size)  # each prompt's cache, once for each of its G completions
     logits = head(out.last_hidden_state[:, -1]).repeat_interleave(group_size, dim=0)
-    batch = DecodeBatch(body, head, out.past_key_values, prompt_mask.repeat_interleave(group_size, dim=0), max_length)
+    batch = decode_batch(body, head, out.past_key_values, prompt_mask.repeat_interleave(group_size, dim=0), max_length)
     finished = torch.zeros(batch.rows, dtype=torch.bool, device=prompt_ids.device)
     tokens, actions = [], []
     for t in range(max_length):
@@ -1171,6 +1171,108 @@ class DecodeBatch:
         out = self.body(input_ids=next_ids[self.running, None], attention_mask=self.mask,
                         position_ids=self.mask.sum(-1, keepdim=True) - 1, past_key_values=self.cache, use_cache=True)
         return self.head(out.last_hidden_state[:, -1])
+
+GRAPH_TROUBLE = []  # why the CUDA-graph decode step was given up in this run, if it was (said once; DecodeBatch after)
+
+def decode_batch(body, head, cache, mask, max_length):
+    """sample's decode steps: on CUDA, GraphDecode (one CUDA graph a step) where the model's cache layers allow it and
+    no earlier rollout of this run found it wrong; elsewhere DecodeBatch."""
+    from transformers.cache_utils import DynamicLayer
+
+    if (mask.device.type == "cuda" and not GRAPH_TROUBLE and all(type(layer) is DynamicLayer for layer in cache.layers)
+            and not getattr(body.config, "sliding_window", None)):
+        return GraphDecode(body, head, cache, mask, max_length)
+    return DecodeBatch(body, head, cache, mask, max_length)
+
+class GraphDecode(DecodeBatch):
+    """DecodeBatch's step with shapes that never change, so that a GPU replays it as one CUDA graph: a decode step of
+    Llama-3.2-1B is about 1,900 kernel launches whose GPU time is a fraction of the time the launches take
+    (docs/results/verified.md). The KV cache is a StaticCache of the prompt and the whole budget, every row stays in
+    the batch to the end (an ended row's tokens are pad, outside its mask), and the step reads the next ids, the mask
+    and the positions from buffers written before each replay. The first step runs eagerly (the warm-up), the second
+    is captured; the first two replays are each checked against an eager run of the same step, and a capture that
+    fails or disagrees gives way to eager steps, said once (GRAPH_TROUBLE: the run's later rollouts use DecodeBatch).
+    graphs=False runs the same static step eagerly: test_the_static_decode_step_draws_decode_batchs_tokens holds its
+    tokens to DecodeBatch's on a CPU; the graph itself, test_cuda's test_the_graph_decode_step_on_cuda."""
+
+    CHECKED_REPLAYS = 2
+
+    def __init__(self, body, head, cache, mask, max_length, graphs=True):
+        from transformers.cache_utils import StaticCache
+
+        rows, width = mask.shape
+        self.body, self.head, self.rows, self.graphs = body, head, rows, graphs
+        self.running = torch.arange(rows, device=mask.device)  # every row, to the end
+        self.cache = StaticCache(config=body.config, max_cache_len=width + max_length)
+        for static, layer in zip(self.cache.layers, cache.layers, strict=True):  # the prefill's keys and values
+            static.lazy_initialization(layer.keys, layer.values)
+            static.keys[..., :width, :], static.values[..., :width, :] = layer.keys, layer.values
+            static.cumulative_length.fill_(width)
+        self.mask = mask.new_zeros(rows, width + max_length)  # 1 on the positions a row attends to, so far
+        self.mask[:, :width] = mask
+        self.column = width  # the position the next token takes
+        self.ids, self.positions = mask.new_zeros(rows, 1), mask.new_zeros(rows, 1)
+        self.graph, self.logits, self.replays = None, None, 0
+
+    def forward(self):
+        out = self.body(input_ids=self.ids, attention_mask=self.mask, position_ids=self.positions,
+                        past_key_values=self.cache, use_cache=True)
+        return self.head(out.last_hidden_state[:, -1])
+
+    def step(self, next_ids, acted, finished):
+        """Every row's logits at the next position, after next_ids (acted: the rows it was an action of)."""
+        self.mask[:, self.column] = acted.long()
+        self.column += 1
+        torch.sum(self.mask, dim=-1, keepdim=True, out=self.positions).sub_(1)  # left padding: real tokens count
+        self.ids.copy_(next_ids[:, None])
+        if not self.graphs:
+            return self.forward()
+        if self.graph is None:
+            return self.capture()
+        return self.replay()
+
+    def capture(self):
+        """The warm-up step (eager, on a side stream, as CUDA graphs ask), or the capture of the step and its first replay."""
+        if self.logits is None:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                self.logits = self.forward()
+            torch.cuda.current_stream().wait_stream(stream)
+            return self.logits
+        try:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self.logits = self.forward()
+        except Exception as e:  # a host sync or an op graphs refuse, in a library we call
+            return self.give_up(f"capturing the decode step failed ({type(e).__name__}: {str(e)[:200]})")
+        self.graph = graph
+        return self.replay()
+
+    def replay(self):
+        if self.replays >= self.CHECKED_REPLAYS:
+            self.graph.replay()
+            return self.logits
+        lengths = [layer.cumulative_length.clone() for layer in self.cache.layers]
+        expected = self.forward().clone()  # the same step, eagerly; then the cache's length put back for the replay
+        for layer, length in zip(self.cache.layers, lengths):
+            layer.cumulative_length.copy_(length)
+        self.graph.replay()
+        self.replays += 1
+        if not torch.allclose(self.logits, expected, rtol=1e-3, atol=1e-3):
+            gap = (self.logits - expected).abs().max().item()
+            for layer, length in zip(self.cache.layers, lengths):  # the step again, eagerly, over the replay's keys
+                layer.cumulative_length.copy_(length)
+            return self.give_up(f"its replay {self.replays} differed from the eager step by up to {gap:.3g}")
+        return self.logits
+
+    def give_up(self, why):
+        """Eager steps from here on; later rollouts of this run use DecodeBatch."""
+        if not GRAPH_TROUBLE:
+            print(f"warning: the CUDA-graph decode step is off for this run: {why}", file=sys.stderr)
+        GRAPH_TROUBLE.append(why)
+        self.graphs, self.graph = False, None
+        return self.forward()
 
 def pack_prompts(input_ids, attention_mask, num_actions, config):
     """The rows of a batch that share a prompt (their first W - num_actions columns, ids and mask), packed into one

@@ -140,6 +140,7 @@ def test_the_decode_cache_fills_in_place_on_cuda(base_on_cuda, monkeypatch):
     monkeypatch.setattr(base, "ENDED_SHARE", 0.25)
     prompts = tokenizer(["What is 1 + 2?", "Say something long"], return_tensors="pt", padding=True).to("cuda")
     reserve = base.reserve_cache
+    monkeypatch.setattr(base, "decode_batch", base.DecodeBatch)  # not the CUDA graph's static cache
 
     def sample(in_place):
         monkeypatch.setattr(base, "reserve_cache", lambda cache, tokens: in_place and reserve(cache, tokens))
@@ -152,6 +153,32 @@ def test_the_decode_cache_fills_in_place_on_cuda(base_on_cuda, monkeypatch):
     assert differing == 0 and torch.equal(in_place_actions, actions), f"{differing} of 16 rows differ"
     lengths = actions.sum(1)
     assert lengths.min() < lengths.max()  # rows left the batch at different steps
+
+
+def test_the_graph_decode_step_on_cuda(base_on_cuda, monkeypatch):
+    """GraphDecode on the GPU: the decode step captured as one CUDA graph at the second token, its first replays
+    checked against eager steps without trouble, and the tokens DecodeBatch draws (every row to the end) for the same
+    seed. 4-bit bf16: were a token to differ, the attention over the whole static cache (masked) rounding otherwise
+    than over the filled part would be the first suspect."""
+    base, args, model, tokenizer = base_on_cuda
+    model.eval()
+    monkeypatch.setattr(base, "stop_token_ids", lambda *args: list(range(5, 25)))  # rows end at varied steps
+    monkeypatch.setattr(base, "ENDED_SHARE", 2.0)  # DecodeBatch keeps every row, as the graph does
+    prompts = tokenizer(["What is 1 + 2?", "Say something long"], return_tensors="pt", padding=True).to("cuda")
+    made, decode_batch = [], base.decode_batch
+
+    def sample(chooser):
+        monkeypatch.setattr(base, "decode_batch", lambda *args: made.append(chooser(*args)) or made[-1])
+        torch.manual_seed(3)
+        return base.sample(model, tokenizer, prompts.input_ids, prompts.attention_mask, 8, 30, 1.0, 1.0)
+
+    ids, actions = sample(base.DecodeBatch)
+    graph_ids, graph_actions = sample(decode_batch)
+    graph = made[-1]
+    assert type(graph) is base.GraphDecode and graph.graph is not None and graph.replays == graph.CHECKED_REPLAYS
+    assert not base.GRAPH_TROUBLE
+    differing = (graph_ids != ids).any(1).sum().item()
+    assert differing == 0 and torch.equal(graph_actions, actions), f"{differing} of 16 rows differ"
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)

@@ -659,6 +659,42 @@ def test_ended_rows_leave_the_batch_and_the_tokens_stay_the_same(tiny, monkeypat
     assert set(kept_widths) == {2, 16} and min(widths_seen) < 16  # the prefill, then 16 rows, fewer once rows ended
 
 
+@pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.7, 0.9), (0, 1.0)])
+def test_the_static_decode_step_draws_decode_batchs_tokens(tiny, monkeypatch, temperature, top_p):
+    """GraphDecode's step (a StaticCache of the whole budget, every row to the end, the inputs in buffers: what a GPU
+    replays as one CUDA graph) run eagerly here: the same tokens and masks as DecodeBatch's for the same seed, rows
+    ending at different steps, and logits within float32 rounding at every step; and decode_batch picks it on CUDA only."""
+    experiment, model, tokenizer = tiny
+    monkeypatch.setattr(experiment, "stop_token_ids", lambda *args: list(range(5, 25)))  # rows end at varied steps
+    prompts = tokenizer(["What is 1 + 2?", "Say something long"], return_tensors="pt", padding=True)
+    logits, decode_batch = {}, experiment.decode_batch
+
+    def completions(kind):
+        def chosen(body, head, cache, mask, max_length):
+            batch = (experiment.GraphDecode(body, head, cache, mask, max_length, graphs=False) if kind == "static"
+                     else experiment.DecodeBatch(body, head, cache, mask, max_length))
+            step = batch.step
+            batch.step = lambda *args: logits.setdefault(kind, []).append(step(*args)) or logits[kind][-1]
+            return batch
+
+        monkeypatch.setattr(experiment, "decode_batch", chosen)
+        torch.manual_seed(3)
+        return experiment.sample(model, tokenizer, prompts.input_ids, prompts.attention_mask, 8, 30, temperature, top_p)
+
+    monkeypatch.setattr(experiment, "ENDED_SHARE", 2.0)  # DecodeBatch keeps every row too: the logits compare row by row
+    ids, actions = completions("dynamic")
+    static_ids, static_actions = completions("static")
+    assert torch.equal(static_ids, ids) and torch.equal(static_actions, actions)
+    lengths = actions.sum(1)
+    assert lengths.min() < lengths.max() <= 30  # rows ended at different steps
+    assert len(logits["static"]) == len(logits["dynamic"]) >= 2
+    for static, dynamic in zip(logits["static"], logits["dynamic"]):  # every row, ended ones (pad) included
+        torch.testing.assert_close(static, dynamic, rtol=1e-5, atol=1e-5)
+    body, head = experiment.body_and_head(model)
+    out = body(input_ids=prompts.input_ids, attention_mask=prompts.attention_mask, use_cache=True)
+    assert type(decode_batch(body, head, out.past_key_values, prompts.attention_mask, 4)) is experiment.DecodeBatch
+
+
 @pytest.mark.parametrize("window", [None, 4, 100])
 def test_the_decode_cache_fills_in_place_and_the_tokens_stay_the_same(tiny, monkeypatch, window):
     """reserve_cache: the decode steps write into room made once instead of a new cache at every token, and draw the
