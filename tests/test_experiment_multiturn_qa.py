@@ -413,7 +413,7 @@ def test_two_steps_end_to_end(searcher_model_dir, corpus, tmp_path):
 def test_help_lists_the_search_options(qa):
     text = " ".join(help_text(NAME).split())  # on a wide terminal: no wrapping inside a default
     for option in ["--corpus-dir", "--retriever {dense,bm25}", "--top-k", "--passage-chars", "--max-turns",
-                   "--device-index", "--reward-weights", "--kl-weight", "--resume", "--eval-interval"]:
+                   "--reward-weights", "--kl-weight", "--resume", "--eval-interval"]:
         assert option in text, option
     for default in ["(default: data/qa/corpus)", "(default: dense)", "(default: 3 on CUDA, 1 on CPU)", "(default: 1.0 on CUDA, 0.7 on CPU)", "(default: 300)",
                     "correctness=1,format=0,retrieval=0.2,search_cost=-0.1", "(default: data/qa/questions.jsonl)"]:
@@ -439,7 +439,6 @@ def test_missing_or_empty_corpus_dir(qa, tmp_path, capsys):
     (["--max-turns", "-1"], "argument --max-turns: must be an integer in [0, inf), got -1"),
     (["--passage-chars", "-5"], "argument --passage-chars: must be an integer in [0, inf), got -5"),
     (["--reward-weights", "reasoning=1"], "unknown reward term 'reasoning'"),
-    (["--device", "cpu", "--device-index", "1"], "--device-index 1: expected a CUDA device number"),
 ])
 def test_bad_option_values(qa, capsys, argv, expected):
     assert expected in fails_with(qa, argv, capsys)

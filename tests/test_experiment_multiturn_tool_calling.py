@@ -291,13 +291,11 @@ def test_options_and_bad_values(tool, capsys):
     args = tool.parse_args(["--device", "cpu"])
     assert args.max_turns == 4 and args.data_path == "data/tool_tasks.jsonl"
     assert args.eval_data_path == "data/tool_tasks_eval.jsonl"
-    if not torch.cuda.is_available():  # --device-index picks cuda:N, and falls back to CPU without CUDA
-        assert tool.parse_args(["--device-index", "1"]).device == "cpu"
+    if not torch.cuda.is_available():  # --device cuda:N falls back to CPU without CUDA
+        assert tool.parse_args(["--device", "cuda:1"]).device == "cpu"
         assert "no CUDA device is available" in capsys.readouterr().err
     for argv, expected in [
         (["--max-turns", "-1"], "argument --max-turns: must be an integer in [0, inf), got -1"),
-        (["--device-index", "-1"], "argument --device-index: must be an integer in [0, inf), got -1"),
-        (["--device", "cpu", "--device-index", "0"], "with --device auto or cuda (got --device cpu)"),
         (["--reward-weights", "reasoning=1"], "unknown reward term 'reasoning'"),
         (["--task", "math"], "unrecognized arguments: --task math"),
     ]:
@@ -399,7 +397,7 @@ def test_help_lists_the_options(tool, capsys):
     with pytest.raises(SystemExit):
         tool.parse_args(["--help"])
     text = " ".join(capsys.readouterr().out.split())
-    for option in ["--run-name", "--log-dir", "--wandb", "--wandb-project", "--seed", "--device-index", "--model-name",
+    for option in ["--run-name", "--log-dir", "--wandb", "--wandb-project", "--seed", "--device", "--model-name",
                    "--checkpoint-path", "--checkpoint-interval", "--data-path", "--max-prompts", "--group-size",
                    "--rollouts-per-step", "--train-batch-size", "--lr", "--temperature", "--max-length",
                    "--log-completions-interval", "--max-turns", "--quantization", "--no-lora", "--lora-r", "--kl-weight",

@@ -730,6 +730,37 @@ def test_credentials_in_the_reward_url_are_never_printed_nor_stored(experiment, 
     assert "hunter2" not in fails_with(experiment, ["--device", "cpu", "--reward-url", "http://u:hunter2@ bad"], capsys)
 
 
+def test_credentials_in_the_reward_url_are_sent_as_basic_authentication(experiment):
+    """urllib took the user:password@ of a --reward-url for part of the host name: every try failed to resolve it."""
+    import base64
+    import http.server
+    import threading
+
+    seen = []
+
+    class Service(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            seen.append(self.headers.get("Authorization"))
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Length", "18")
+            self.end_headers()
+            self.wfile.write(b'{"rewards": [0.5]}')
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Service)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://trainer:hunter2@127.0.0.1:{server.server_address[1]}/reward"
+        assert experiment.remote_rewards(url, ["c"], ["a"], [{}], timeout=5.0, retries=1) == [0.5]
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen == ["Basic " + base64.b64encode(b"trainer:hunter2").decode()]
+
+
 @pytest.mark.parametrize("run_name", ["../../x", "ABSOLUTE", ".", "..", "a/b"])
 def test_a_run_name_is_one_plain_folder_name(experiment, run_name, tmp_path, capsys):
     """--run-name ../../x or an absolute one put checkpoints and events outside --checkpoint-path and --log-dir,

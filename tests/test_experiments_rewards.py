@@ -240,6 +240,18 @@ def test_custom_reward_loading_errors(task_experiment, reward_module, spec, mess
         task_experiment.Scorer(reward_fn=spec)
 
 
+def test_a_module_raising_attribute_error_on_import_is_a_failed_import(task_experiment, tmp_path, monkeypatch):
+    """pkgutil.resolve_name raises AttributeError both for a missing function and for a module whose import raises
+    one: the second is reported as the import that failed, not as a missing function."""
+    (tmp_path / "bad_import.py").write_text("import math\nmath.no_such_thing\n\ndef f(completion, answer, metadata):\n"
+                                            "    return 1.0\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # load_reward_fn appends the working directory
+    with pytest.raises(task_experiment.InputError, match="--reward-fn bad_import:f: cannot import bad_import: "
+                                                         "AttributeError: module 'math' has no attribute"):
+        task_experiment.load_reward_fn("bad_import:f")
+
+
 def test_a_raising_reward_function_names_the_example(task_experiment, reward_module):
     score = task_experiment.Scorer(reward_fn=f"{reward_module}:broken")
     with pytest.raises(task_experiment.RewardError) as error:
