@@ -3,8 +3,8 @@
 Builds the Llama-3.2-1B architecture from its public configuration with random weights (as memory_estimate.py
 does), loads it with experiment_base's own load_model and make_optimizer at its CUDA defaults (4-bit NF4 with double
 quantization, bfloat16 compute, LoRA rank 16 on every linear layer, gradient checkpointing, paged 8-bit AdamW) and
-runs real steps of experiment_base's rollout and train_step at the CUDA defaults: 32 prompts x 16 completions x
-1,024 tokens, sampled 256 at a time, trained 16 at a time. Random weights seldom emit EOS, so completions run to the
+runs real steps of experiment_base's rollout and train_step at the CUDA defaults: 16 prompts x 8 completions x
+512 tokens, sampled at once, trained 16 at a time (until 2026-11-27 the defaults were 32 x 16 x 1,024). Random weights seldom emit EOS, so completions run to the
 budget: the worst case.
 
 --memory-cap-gb 24 caps the process with torch.cuda.set_per_process_memory_fraction, so a larger GPU behaves as a
@@ -47,9 +47,9 @@ BATCH_SIZES = (512, 384, 256, 192, 128, 96, 64, 48, 32, 24, 16, 12, 8, 6, 4, 3, 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=3, help="training steps (default: %(default)s)")
-    p.add_argument("--prompts", type=int, default=32, help="prompts per step (default: %(default)s)")
-    p.add_argument("--group-size", type=int, default=16, help="completions per prompt (default: %(default)s)")
-    p.add_argument("--max-new-tokens", type=int, default=1024, help="completion budget (default: %(default)s)")
+    p.add_argument("--prompts", type=int, default=16, help="prompts per step (default: %(default)s)")
+    p.add_argument("--group-size", type=int, default=8, help="completions per prompt (default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=512, help="completion budget (default: %(default)s)")
     p.add_argument("--generation-batch-size", type=int, default=256, help="sequences sampled at once (default: %(default)s)")
     p.add_argument("--train-batch-size", type=int, default=16, help="sequences per micro-batch (default: %(default)s)")
     p.add_argument("--lora-r", type=int, default=16, help="LoRA rank (default: %(default)s)")

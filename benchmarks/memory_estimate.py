@@ -13,7 +13,7 @@ checkpointing), and measures on the CPU:
     counted exactly with saved-tensor hooks. On CPU, SDPA's math path keeps the attention
     probabilities, which flash-attention on a GPU does not: the layer figure is an upper bound.
 
-Then arithmetic scales the parts to the run (group 16 x prompts per generation batch, 1024-token
+Then arithmetic scales the parts to the run (group 8 x prompts per generation batch, 512-token
 completions, micro-batches of --train-batch-size) and prints the peak of the sampling phase and of
 the training phase.
 
@@ -32,11 +32,11 @@ GB = 2**30
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--group-size", type=int, default=16, help="completions per prompt (default: %(default)s)")
+    p.add_argument("--group-size", type=int, default=8, help="completions per prompt (default: %(default)s)")
     p.add_argument("--generation-batch-size", type=int, default=256, help="sequences sampled at once (default: %(default)s)")
     p.add_argument("--train-batch-size", type=int, default=16, help="sequences per micro-batch (default: %(default)s)")
     p.add_argument("--prompt-length", type=int, default=160, help="prompt tokens (default: %(default)s)")
-    p.add_argument("--max-length", type=int, default=1024, help="completion budget (default: %(default)s)")
+    p.add_argument("--max-length", type=int, default=512, help="completion budget (default: %(default)s)")
     p.add_argument("--lora-r", type=int, default=16, help="LoRA rank (default: %(default)s)")
     p.add_argument("--measure-tokens", type=int, default=256, help="tokens of the CPU measurements (default: %(default)s)")
     p.add_argument("--tiny", action="store_true", help="2 layers instead of 16 (the per-layer parts scale)")

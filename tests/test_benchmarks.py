@@ -251,7 +251,7 @@ def test_gpu_run_dry_run(tmp_path):
     # the same steps through TRL's GRPOTrainer (4-bit model, same sizes), side by side
     assert [step["tokens"] for step in table["trl"]["steps"]] == [2 * 2 * 8] * 2
     assert "| seconds per step (median) |" in stdout and table["trl"]["side_by_side"]["TRL"]["tokens_per_second"] > 0
-    assert table["estimate_gb"]["sampling"] > 1 and table["estimate_gb"]["training"] > 1  # 256 x 1024 tokens, 16 trained
+    assert table["estimate_gb"]["sampling"] > 1 and table["estimate_gb"]["training"] > 1  # 256 x 512 tokens, 16 trained
     sizes = [table["recommendation"][cap] for cap in ("24", "16", "12", "8")]
     for larger, smaller in zip(sizes, sizes[1:]):
         assert larger["generation_batch_size"] >= smaller["generation_batch_size"] >= 1
