@@ -66,10 +66,8 @@ DEVICE_DEFAULTS = dict(  # the options whose default depends on the device: (on 
     max_length=(512, 128), max_steps=(500, 20), lr=(2e-5, 1e-4), temperature=(1.0, 0.8),
     reward_weights=("", "format=0,reasoning=0"), eval_prompts=(200, 100), generation_batch_size=(256, None),
     task=("math", "sequence"))
-# On CUDA: 16 prompts x 8 completions (TRL's num_generations) x 512 tokens (TRL's max_completion_length), so that 500
-# steps end in an evening on one GPU: on an H100, 32 x 16 x 1,024 took 223 s a step (31 hours for 500), 16 x 16 x 256
-# 15.7 s, from which this size is estimated at about 25 s (docs/results/verified.md; random weights, every completion
-# to its budget).
+# On CUDA: TRL's num_generations (8) and max_completion_length (512), 16 prompts: about 25 s a step on an H100 by our
+# estimate, 500 steps in an evening, where 32 x 16 x 1,024 took 223 s (docs/results/verified.md).
 # On a CPU the defaults are the recipe that learned in 20 steps on the packaged Gemma-3-270M (README, Does it learn?):
 # 8 prompts x 8 completions at T = 0.8 (at T = 1 a quarter of the untrained model's samples hold an answer in its tags,
 # at 0.8 half), the reward correctness alone (the format terms are won in a few steps, after which most groups hold

@@ -55,10 +55,8 @@ DEVICE_DEFAULTS = dict(  # the options whose default depends on the device: (on 
     model_name=(GPU_MODEL, CPU_MODEL), quantization=("4bit", "none"), group_size=(8, 4), rollouts_per_step=(16, 4),
     max_length=(512, 128), max_steps=(500, 50), lr=(2e-5, 1e-4), eval_prompts=(200, 20),
     generation_batch_size=(256, None))
-# On CUDA: 16 prompts x 8 completions (TRL's num_generations) x 512 tokens (TRL's max_completion_length), so that 500
-# steps end in an evening on one GPU: on an H100, 32 x 16 x 1,024 took 223 s a step (31 hours for 500), 16 x 16 x 256
-# 15.7 s, from which this size is estimated at about 25 s (docs/results/verified.md; random weights, every completion
-# to its budget).
+# On CUDA: TRL's num_generations (8) and max_completion_length (512), 16 prompts: about 25 s a step on an H100 by our
+# estimate, 500 steps in an evening, where 32 x 16 x 1,024 took 223 s (docs/results/verified.md).
 MAX_TURNS = 4  # calculator calls per episode, by default
 
 def parse_args(argv=None):

@@ -902,7 +902,8 @@ def test_zero_advantages_are_left_out_and_the_update_is_the_same(module_name, op
         args, model, batch, _, scheduler = step_setup(module, tiny_model_dir, "--kl-weight", "0", "--max-grad-norm", "1e9",
                                                       *options)  # no clipping, which would hide a wrong mean
         # eps 1: an update linear in small gradients, so that rounding in a batch of 4 rows or 2 cannot flip a sign
-        optimizer = scheduler.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], 1e-2, eps=1.0)
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], 1e-2, eps=1.0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, scheduler.lr_lambdas[0])  # the run's schedule, on it
         ran.clear()
         chosen = torch.tensor([a if a else zero for a in advantages])
         stats = module.train_step(model, (*batch[:3], chosen), args, optimizer, scheduler)
