@@ -1465,6 +1465,7 @@ class GraphDecode(DecodeBatch):
             static.lazy_initialization(layer.keys, layer.values)
             static.keys[..., :width, :], static.values[..., :width, :] = layer.keys, layer.values
             static.cumulative_length.fill_(width)
+            layer.keys = layer.values = None  # the copy is the cache now: the prefill's goes as sample's steps begin
         self.mask = mask.new_zeros(rows, width + max_length)  # 1 on the positions a row attends to, so far
         self.mask[:, :width] = mask
         self.column = width  # the position the next token takes
