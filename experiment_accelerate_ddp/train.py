@@ -36,14 +36,7 @@ what is computed.
     python experiment_accelerate_ddp/train.py --help
 """
 
-import argparse
-import contextlib
-import copy
-import math
-import random
-import re
-import sys
-import time
+import argparse, contextlib, copy, math, random, re, sys, time  # noqa: E401
 from collections import Counter, namedtuple
 from dataclasses import dataclass
 from fractions import Fraction
@@ -61,12 +54,10 @@ DEVICE_DEFAULTS = dict(  # the options whose default depends on the device: (on 
     max_length=(512, 128), max_steps=(500, 20), lr=(2e-5, 1e-4), temperature=(1.0, 0.8), kl_weight=(0.01, 0.0),
     reward_weights=("", "format=0,reasoning=0"), eval_prompts=(200, 100), generation_batch_size=(256, None),
     task=("math", "sequence"))
-# On CUDA: TRL's num_generations (8) and max_completion_length (512), 16 prompts: about 25 s a step on an H100 by our
-# estimate, 500 steps in an evening, where 32 x 16 x 1,024 took 223 s (docs/results/verified.md).
-# On a CPU the defaults are the recipe that learned in 20 steps on the packaged Gemma-3-270M (README, Does it learn?):
-# 8 prompts x 8 completions at T = 0.8 (at T = 1 a quarter of the untrained model's samples hold an answer in its tags,
-# at 0.8 half), the reward correctness alone (the format terms are won in a few steps, after which most groups hold
-# equal rewards, which give no gradient), no KL term.
+# CUDA: TRL's num_generations (8) and max_completion_length (512), 16 prompts (about 25 s a step on an H100, estimated).
+# CPU: the recipe that learned in 20 steps on Gemma-3-270M (README, Results): at T = 0.8 half the untrained model's
+# samples hold an answer in its tags (a quarter at T = 1); correctness alone, as the format terms, once won, leave
+# groups of equal rewards, which give no gradient; no KL.
 
 def parse_args(argv=None):
     """The options that shape GRPO, then the rest (add_setup_options, below the banner). A type such as
@@ -143,31 +134,19 @@ def reference_policy(model, reference=None):
 # ---- Prompts and rewards ----
 
 # --task: its data (training, held out: a file in data/, or a hub id and its configuration) and a worked example
-# (question, reasoning, answer) that shows the format
+# (question, reasoning, answer) that shows the format; here the defaults (CUDA, CPU), the other tasks below the banner
 Task = namedtuple("Task", "train eval question reasoning answer config", defaults=(None,))
 TASKS = {
     "math": Task("data/math_tasks.jsonl", "data/math_tasks_eval.jsonl", "What is 3 + 4 * 2?", "3 + 4 * 2 = 3 + 8 = 11", "11"),
-    "gsm8k": Task("openai/gsm8k", "openai/gsm8k", "A shop has 3 boxes with 4 apples in each box. How many apples does "
-                  "the shop have?", "3 boxes of 4 apples hold 3 * 4 = 12 apples", "12", config="main"),
-    "math_latex": Task("data/math_latex.jsonl", "data/math_latex_eval.jsonl", "Solve for x: 2x + 1 = 4.",
-                       "2x = 4 - 1 = 3, so x = 3/2", r"\frac{3}{2}"),  # LaTeX answers, compared by math-verify
-    "knights_knaves": Task("data/knights_knaves.jsonl", "data/knights_knaves_eval.jsonl", 'Zoey says, "At least one '
-                           'of us is a knave." Ethan says, "Zoey is a knave." So who is a knight and who is a knave?', "If Zoey "
-                           "were a knave, her statement would be true, so she is a knight; then Ethan lies", "(1) Zoey is a knight (2) Ethan is a knave"),
-    "count_words": Task("data/count_words.jsonl", "data/count_words_eval.jsonl", 'How many words are in this sentence: '
-                        '"birds sing"?', "the words are 1 birds 2 sing", "2"),  # 2: no task's answer (3 to 8 words)
     "sequence": Task("data/sequence.jsonl", "data/sequence_eval.jsonl", "What number comes next: 9, 16, 23, 30, ...?",
                      "each number is 7 more than the one before; the last is 30, and 30 + 7 = 37", "37"),  # no task counts
                      # by 7; its step is not its first term, so "7 more" can only mean the step
 }
 
-def system_prompt(reasoning_format="think"):
-    tag = reasoning_format
-    return (
-        "A conversation between User and Assistant. The user asks a question and the Assistant solves it. "
-        "The Assistant first thinks about the reasoning process and then gives the answer. The reasoning "
-        f"is enclosed in <{tag}> </{tag}> tags and the final answer in <answer> </answer> tags."
-    )
+def system_prompt(tag="think"):
+    return ("A conversation between User and Assistant. The user asks a question and the Assistant solves it. The "
+            "Assistant first thinks about the reasoning process and then gives the answer. The reasoning is enclosed "
+            f"in <{tag}> </{tag}> tags and the final answer in <answer> </answer> tags.")
 
 def format_prompt(tokenizer, question, task="math", reasoning_format="think"):
     """The chat template when the tokenizer has one, else a plain R1-Zero style template; either way the task's worked
@@ -180,12 +159,7 @@ def format_prompt(tokenizer, question, task="math", reasoning_format="think"):
              {"role": "assistant", "content": f"<{tag}> {example.reasoning} </{tag}> <answer> {example.answer} </answer>"}]
     if getattr(tokenizer, "chat_template", None):
         messages = [{"role": "system", "content": instructions}, *shown, {"role": "user", "content": question}]
-        try:
-            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        except Exception:  # some templates refuse a system turn: fold it into the user's
-            shown[0] = {"role": "user", "content": f"{instructions}\n\n{example.question}"}
-            return tokenizer.apply_chat_template([*shown, {"role": "user", "content": question}], tokenize=False,
-                                                 add_generation_prompt=True)
+        return chat_prompt(tokenizer, messages)  # (a template that refuses a system turn: it joins the first user turn)
     return (f"{instructions}\nUser: {example.question}\nAssistant: {shown[1]['content']}\n"
             f"User: {question}\nAssistant: <{tag}>")
 
@@ -196,13 +170,10 @@ def add_prompts(model, tokenizer, args, train_tasks, eval_tasks):
     check_context(model, tokenizer, args, train_tasks, eval_tasks)  # a prompt too long for the model stops the run now
 
 # The reward is a weighted sum of terms, each in [0, 1] and each logged on its own (their code follows):
-#   correctness  the answer in the last <answer> tags is right (Knights-and-Knaves: optionally the
-#                fraction of inhabitants named correctly, with --partial-credit; math_latex: without
-#                tags, the last \boxed{}; LaTeX compared by math-verify)
-#   format       strictly "<think> reasoning </think> <answer> answer </answer>" and nothing else
+#   correctness  the answer in the last <answer> tags is right (the other tasks compare their own way)
+#   format       strictly "<think> reasoning </think> <answer> answer </answer>"; empty or unparsable answers earn 0
 #   reasoning    the reasoning block is closed, of sensible length, and free of repetition loops
 #   custom       --reward-fn, a function of yours;  remote: --reward-url, an HTTP reward service
-# An empty or unparsable answer earns no format credit: empty tags cannot win reward.
 DEFAULT_REWARD_WEIGHTS = "correctness=1,format=0.1,reasoning=0.1"
 REWARD_TERMS = ("correctness", "format", "reasoning", "custom", "remote")
 
@@ -275,21 +246,12 @@ class Scorer:
                  reward_url=None, timeout=30.0, retries=3, custom_timeout=60.0):
         self.task, self.reasoning_format, self.partial_credit = task, reasoning_format, partial_credit
         self.weights = parse_weights(weights)  # the defaults, with --reward-weights over them
-        self.custom = load_reward_fn(reward_fn, custom_timeout) if reward_fn else None  # each call timed
-        self.url, self.timeout, self.retries = reward_url, timeout, retries
-        if self.custom:
-            self.weights.setdefault("custom", 1.0)
-        if self.url:
-            self.weights.setdefault("remote", 1.0)
-            remote_rewards(self.url, [], [], [], timeout, retries)  # fail now, not an hour into the run
+        self.outside = OutsideTerms(reward_fn, custom_timeout, reward_url, timeout, retries, self.weights)
 
     def __call__(self, completions, answers, metadata):
         rows = [reward_terms(c, a, self.task, self.reasoning_format, self.partial_credit) for c, a in zip(completions, answers)]
         terms = {name: [row[name] for row in rows] for name in rows[0]} if rows else {}
-        if self.custom:
-            terms["custom"] = [self.custom(c, a, m) for c, a, m in zip(completions, answers, metadata)]
-        if self.url:
-            terms["remote"] = remote_rewards(self.url, completions, answers, metadata, self.timeout, self.retries)
+        terms.update(self.outside(completions, answers, metadata))  # custom and remote, where used
         terms = {name: torch.tensor(values, dtype=torch.float32) for name, values in terms.items()}
         rewards = total_reward(terms, self.weights)
         check_finite(rewards, terms, completions, answers)  # a reward of inf or nan stops the run, naming the completion
@@ -314,11 +276,8 @@ def sample_token(logits, temperature, top_p, uniforms=None):
     if temperature == 0:
         return logits.argmax(-1)
     probs = torch.softmax(logits.float() / temperature, dim=-1)
-    if top_p < 1.0:  # keep the smallest set of tokens whose probability reaches top_p
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        keep = sorted_probs.cumsum(-1) - sorted_probs < top_p
-        keep[:, 0] = True  # the most likely token always (a top_p of 1e-300 is 0 in float32: it would keep none)
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs * keep)
+    if top_p < 1.0:
+        probs = nucleus(probs, top_p)  # 0 outside the smallest set of tokens whose probability reaches top_p
     return draw(probs, uniforms)  # one id per row, id i with probability p_i, exactly (a float32 cumsum is not)
 
 @torch.no_grad()
@@ -359,24 +318,15 @@ def rollout(model, tokenizer, tasks, group_size, max_length, temperature=1.0, to
     prompts = [task["prompt"] for task in tasks]
     has_bos = bool(tokenizer.bos_token) and prompts[0].startswith(tokenizer.bos_token)  # chat templates add it
     encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=not has_bos).to(device)
-    prompts_at_once = max(1, (generation_batch_size or len(prompts) * group_size) // group_size)
-    pieces = [sample(model, tokenizer, encoded.input_ids[i : i + prompts_at_once], encoded.attention_mask[i : i + prompts_at_once],
-                     group_size, max_length, temperature, top_p) for i in range(0, len(prompts), prompts_at_once)]
-    width = max(ids.shape[1] for ids, _ in pieces)  # batches may end at different lengths
-    completion_ids = torch.cat([pad_right(ids, width, tokenizer.pad_token_id) for ids, _ in pieces])
-    action_mask = torch.cat([pad_right(actions, width, 0) for _, actions in pieces])
+    completion_ids, action_mask = sample_in_batches(model, tokenizer, encoded, group_size, max_length, temperature, top_p,
+                                                    generation_batch_size)  # sample, at most this many rows at once
 
     completions = [tokenizer.decode(ids[mask.bool()], skip_special_tokens=True) for ids, mask in zip(completion_ids, action_mask)]
     rows = [task for task in tasks for _ in range(group_size)]
     rewards, terms = (score or Scorer())(completions, [t["answer"] for t in rows], [t.get("metadata", {}) for t in rows])
-    return Rollout(
-        sequence_ids=torch.cat([encoded.input_ids.repeat_interleave(group_size, dim=0), completion_ids], dim=1),
-        attention_mask=torch.cat([encoded.attention_mask.repeat_interleave(group_size, dim=0), action_mask], dim=1),
-        action_mask=action_mask,
-        rewards=rewards,
-        terms=terms,
-        completions=completions,
-    )
+    prompt_ids, prompt_mask = (x.repeat_interleave(group_size, dim=0) for x in (encoded.input_ids, encoded.attention_mask))
+    return Rollout(sequence_ids=torch.cat([prompt_ids, completion_ids], dim=1), attention_mask=torch.cat([prompt_mask,
+                   action_mask], dim=1), action_mask=action_mask, rewards=rewards, terms=terms, completions=completions)
 
 # ---- Advantages ----
 
@@ -1900,7 +1850,19 @@ def next_prompts(tasks, count, position, seed):
             data_pass, index = data_pass + 1, 0
     return batch, (data_pass, index)
 
-# -- rewards: answer parsing, weights, your function, a reward service
+# -- rewards: the other tasks, answer parsing, weights, your function, a reward service
+
+TASKS.update({  # the tasks that are no device's default (the defaults: TASKS, in the story)
+    "gsm8k": Task("openai/gsm8k", "openai/gsm8k", "A shop has 3 boxes with 4 apples in each box. How many apples does "
+                  "the shop have?", "3 boxes of 4 apples hold 3 * 4 = 12 apples", "12", config="main"),
+    "math_latex": Task("data/math_latex.jsonl", "data/math_latex_eval.jsonl", "Solve for x: 2x + 1 = 4.",
+                       "2x = 4 - 1 = 3, so x = 3/2", r"\frac{3}{2}"),  # LaTeX answers, compared by math-verify
+    "knights_knaves": Task("data/knights_knaves.jsonl", "data/knights_knaves_eval.jsonl", 'Zoey says, "At least one '
+                           'of us is a knave." Ethan says, "Zoey is a knave." So who is a knight and who is a knave?', "If Zoey "
+                           "were a knave, her statement would be true, so she is a knight; then Ethan lies", "(1) Zoey is a knight (2) Ethan is a knave"),
+    "count_words": Task("data/count_words.jsonl", "data/count_words_eval.jsonl", 'How many words are in this sentence: '
+                        '"birds sing"?', "the words are 1 birds 2 sing", "2"),  # 2: no task's answer (3 to 8 words)
+})
 
 ROLE_CLAIM = re.compile(r"\b[A-Z][a-z]+(?:\s+is(?:\s+not)?\s+an?|\s*:)\s+(?i:knight|knave)\b")  # 'Zoey is a knight', 'Ethan: knave'
 
@@ -1986,6 +1948,38 @@ def answer_parses(text, task):
     if task == "math_latex":  # words parse too, as products of letters: an answer has a digit or a LaTeX command
         return bool(re.search(r"[0-9\\]", text or "")) and bool(parse_latex(text))
     return parse_number(text) is not None
+
+class OutsideTerms:
+    """The reward terms from outside the file: --reward-fn's function (custom), each call timed, and --reward-url's
+    service (remote), asked once at the start (a run fails now, not an hour in). Each weighs 1 unless
+    --reward-weights says otherwise."""
+
+    def __init__(self, reward_fn, custom_timeout, url, timeout, retries, weights):
+        self.custom = load_reward_fn(reward_fn, custom_timeout) if reward_fn else None
+        self.url, self.timeout, self.retries = url, timeout, retries
+        if self.custom:
+            weights.setdefault("custom", 1.0)
+        if self.url:
+            weights.setdefault("remote", 1.0)
+            remote_rewards(self.url, [], [], [], timeout, retries)
+
+    def __call__(self, completions, answers, metadata):
+        terms = {}
+        if self.custom:
+            terms["custom"] = [self.custom(c, a, m) for c, a, m in zip(completions, answers, metadata)]
+        if self.url:
+            terms["remote"] = remote_rewards(self.url, completions, answers, metadata, self.timeout, self.retries)
+        return terms
+
+def chat_prompt(tokenizer, messages):
+    """The chat template's prompt for messages, a system turn first; a template that refuses a system turn gets its
+    text at the start of the first user turn."""
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception:
+        system, first, *rest = messages
+        first = {"role": "user", "content": f"{system['content']}\n\n{first['content']}"}
+        return tokenizer.apply_chat_template([first, *rest], tokenize=False, add_generation_prompt=True)
 
 def parse_weights(text):
     """'correctness=2,format=1' -> {'correctness': 2.0, 'format': 1.0}, on top of the defaults."""
@@ -2181,6 +2175,14 @@ def draw(probs, uniforms=None):
     token = inverse_cdf(blocks[torch.arange(rows, device=probs.device), block].double(), uniforms[1])  # P(token | b)
     return block * SAMPLING_BLOCK + token
 
+def nucleus(probs, top_p):
+    """probs, 0 outside the smallest set of the most likely tokens whose probability reaches top_p, and the most
+    likely token always (a top_p of 1e-300 is 0 in float32: it would keep none)."""
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    keep = sorted_probs.cumsum(-1) - sorted_probs < top_p
+    keep[:, 0] = True
+    return torch.zeros_like(probs).scatter(-1, order, sorted_probs * keep)
+
 def inverse_cdf(weights, uniform):
     """weights [rows, n] >= 0, uniform [rows, 1] ~ U[0, 1) -> one index per row, index i with probability
     w_i / sum(w): the first i whose cumulative weight exceeds u = uniform * sum(w). A weight of 0 is never drawn,
@@ -2206,6 +2208,17 @@ def ends_with_stop_string(tokenizer, tokens, finished):
     hit = torch.zeros_like(finished)
     hit[running] = torch.tensor([any(stop in text for stop in STOP_STRINGS) for text in texts], dtype=torch.bool).to(hit.device)
     return hit
+
+def sample_in_batches(model, tokenizer, encoded, group_size, max_length, temperature, top_p, generation_batch_size):
+    """sample() on slices of the prompts, group_size x the slice at most generation_batch_size rows (their KV cache is
+    the largest part of the memory), the pieces padded to one width: completion ids [B*G, T], action mask [B*G, T]."""
+    count = encoded.input_ids.shape[0]
+    at_once = max(1, (generation_batch_size or count * group_size) // group_size)
+    pieces = [sample(model, tokenizer, encoded.input_ids[i : i + at_once], encoded.attention_mask[i : i + at_once],
+                     group_size, max_length, temperature, top_p) for i in range(0, count, at_once)]
+    width = max(ids.shape[1] for ids, _ in pieces)  # batches may end at different lengths
+    return (torch.cat([pad_right(ids, width, tokenizer.pad_token_id) for ids, _ in pieces]),
+            torch.cat([pad_right(actions, width, 0) for _, actions in pieces]))
 
 def pad_right(x, width, value):
     return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)

@@ -37,14 +37,7 @@ ranks passages).
     python experiment_multiturn_qa/train.py --help
 """
 
-import argparse
-import contextlib
-import copy
-import math
-import random
-import re
-import sys
-import time
+import argparse, contextlib, copy, math, random, re, sys, time  # noqa: E401
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -95,12 +88,8 @@ def parse_args(argv=None):
                    "PPO epochs (TRL: num_iterations)")
     g.add_argument("--updates-per-step", type=integer("[1, inf)"), default=1, help="mini-batches each pass splits the "
                    "rollout batch into, one optimizer update each; above 1, pi_theta moves away from pi_old within a step and the clip acts")
-    g.add_argument("--train-batch-size", type=integer("[1, inf)"), default=16, help="sequences per forward/backward micro-batch")
-    g.add_argument("--generation-batch-size", type=integer("[1, inf)"), **by_device("generation_batch_size",
-                   "sequences sampled at once; their KV cache is the largest part of GPU memory; None: the whole step"))
     g.add_argument("--max-grad-norm", type=real("(0, inf)"), default=1.0, help="gradient clipping")
     g.add_argument("--max-steps", type=integer("[1, inf)"), **by_device("max_steps", "training steps"))
-    g.add_argument("--seed", type=integer("[0, 4294967295]"), default=42, help="random seed")
     add_setup_options(p)  # model, task and reward, search tool, evaluation, checkpoints, logging
     return complete_args(p.parse_args(argv), p)  # the device and what depends on it, and checks across options
 
@@ -323,11 +312,8 @@ def sample_token(logits, temperature, top_p, uniforms=None):
     if temperature == 0:
         return logits.argmax(-1)
     probs = torch.softmax(logits.float() / temperature, dim=-1)
-    if top_p < 1.0:  # keep the smallest set of tokens whose probability reaches top_p
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        keep = sorted_probs.cumsum(-1) - sorted_probs < top_p
-        keep[:, 0] = True  # the most likely token always (a top_p of 1e-300 is 0 in float32: it would keep none)
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs * keep)
+    if top_p < 1.0:
+        probs = nucleus(probs, top_p)  # 0 outside the smallest set of tokens whose probability reaches top_p
     return draw(probs, uniforms)  # one id per row, id i with probability p_i, exactly (a float32 cumsum is not)
 
 @torch.no_grad()
@@ -848,6 +834,11 @@ def add_setup_options(p):
                    "model's context"))
     g.add_argument("--passage-chars", type=integer("[0, inf)"), default=PASSAGE_CHARS,
                    help="each passage shown to the model is cut to this many characters (0: whole passages)")
+    g = p.add_argument_group("batching and seed: memory, speed and reproducibility, not the algorithm")
+    g.add_argument("--train-batch-size", type=integer("[1, inf)"), default=16, help="sequences per forward/backward micro-batch")
+    g.add_argument("--generation-batch-size", type=integer("[1, inf)"), **by_device("generation_batch_size",
+                   "sequences sampled at once; their KV cache is the largest part of GPU memory; None: the whole step"))
+    g.add_argument("--seed", type=integer("[0, 4294967295]"), default=42, help="random seed")
     g = p.add_argument_group("evaluation, checkpoints, logging")
     g.add_argument("--eval-interval", type=integer("[0, inf)"), default=10, help="evaluate every N steps (0: never)")
     g.add_argument("--eval-prompts", type=integer("[1, inf)"), **by_device("eval_prompts", "held-out prompts per evaluation"))
@@ -2078,6 +2069,14 @@ def draw(probs, uniforms=None):
     block = inverse_cdf(blocks.sum(-1).double(), uniforms[0])  # P(block b) = sum of its probabilities
     token = inverse_cdf(blocks[torch.arange(rows, device=probs.device), block].double(), uniforms[1])  # P(token | b)
     return block * SAMPLING_BLOCK + token
+
+def nucleus(probs, top_p):
+    """probs, 0 outside the smallest set of the most likely tokens whose probability reaches top_p, and the most
+    likely token always (a top_p of 1e-300 is 0 in float32: it would keep none)."""
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    keep = sorted_probs.cumsum(-1) - sorted_probs < top_p
+    keep[:, 0] = True
+    return torch.zeros_like(probs).scatter(-1, order, sorted_probs * keep)
 
 def inverse_cdf(weights, uniform):
     """weights [rows, n] >= 0, uniform [rows, 1] ~ U[0, 1) -> one index per row, index i with probability

@@ -32,14 +32,7 @@ what is computed. The calculator's details are there too (parsing a call, walkin
     python experiment_multiturn_tool_calling/train.py --help
 """
 
-import argparse
-import contextlib
-import copy
-import math
-import random
-import re
-import sys
-import time
+import argparse, contextlib, copy, math, random, re, sys, time  # noqa: E401
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -86,12 +79,8 @@ def parse_args(argv=None):
                    "PPO epochs (TRL: num_iterations)")
     g.add_argument("--updates-per-step", type=integer("[1, inf)"), default=1, help="mini-batches each pass splits the "
                    "rollout batch into, one optimizer update each; above 1, pi_theta moves away from pi_old within a step and the clip acts")
-    g.add_argument("--train-batch-size", type=integer("[1, inf)"), default=16, help="sequences per forward/backward micro-batch")
-    g.add_argument("--generation-batch-size", type=integer("[1, inf)"), **by_device("generation_batch_size",
-                   "sequences sampled at once; their KV cache is the largest part of GPU memory; None: the whole step"))
     g.add_argument("--max-grad-norm", type=real("(0, inf)"), default=1.0, help="gradient clipping")
     g.add_argument("--max-steps", type=integer("[1, inf)"), **by_device("max_steps", "training steps"))
-    g.add_argument("--seed", type=integer("[0, 4294967295]"), default=42, help="random seed")
     add_setup_options(p)  # model, task and reward, evaluation, checkpoints, logging
     return complete_args(p.parse_args(argv), p)  # the device and what depends on it, and checks across options
 
@@ -309,11 +298,8 @@ def sample_token(logits, temperature, top_p, uniforms=None):
     if temperature == 0:
         return logits.argmax(-1)
     probs = torch.softmax(logits.float() / temperature, dim=-1)
-    if top_p < 1.0:  # keep the smallest set of tokens whose probability reaches top_p
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        keep = sorted_probs.cumsum(-1) - sorted_probs < top_p
-        keep[:, 0] = True  # the most likely token always (a top_p of 1e-300 is 0 in float32: it would keep none)
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs * keep)
+    if top_p < 1.0:
+        probs = nucleus(probs, top_p)  # 0 outside the smallest set of tokens whose probability reaches top_p
     return draw(probs, uniforms)  # one id per row, id i with probability p_i, exactly (a float32 cumsum is not)
 
 @torch.no_grad()
@@ -648,16 +634,10 @@ def run(args):
                 stats = train_step(model, batch, args, optimizer, scheduler, reference, step)
                 step, position = step + 1, next_position
 
-            metrics = step_metrics(result, rewards, stats, rollout_seconds, time.perf_counter() - started, memory)
-            if args.log_completions_interval and step % args.log_completions_interval == 0:
-                logger.text("rollout/completions", sample_text(result, tasks, args.group_size), step)
+            seconds = rollout_seconds, time.perf_counter() - started
             if args.eval_interval and (step % args.eval_interval == 0 or step == args.max_steps):
                 evals[step] = evaluate(model, tokenizer, eval_tasks, args, score)
-                metrics.update(evals[step])
-            logger.scalars(metrics, step)
-            progress.update(1)
-            progress.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", kl=f"{stats.get('kl', 0):.4f}",
-                                 held_out=held_out(evals))
+            report(logger, progress, args, step, result, rewards, stats, seconds, memory, evals, tasks)  # TensorBoard
             if args.checkpoint_interval and step % args.checkpoint_interval == 0:
                 save()
         save()
@@ -812,6 +792,11 @@ def add_setup_options(p):
     g.add_argument("--reward-url", type=http_url, metavar="URL", help="a reward service: POST {completions, answers, metadata} -> {rewards}")
     g.add_argument("--reward-timeout", type=real("(0, 1e6]"), default=30.0, help="seconds the reward service may take for a whole "
                    "answer; each request gets 3 tries")
+    g = p.add_argument_group("batching and seed: memory, speed and reproducibility, not the algorithm")
+    g.add_argument("--train-batch-size", type=integer("[1, inf)"), default=16, help="sequences per forward/backward micro-batch")
+    g.add_argument("--generation-batch-size", type=integer("[1, inf)"), **by_device("generation_batch_size",
+                   "sequences sampled at once; their KV cache is the largest part of GPU memory; None: the whole step"))
+    g.add_argument("--seed", type=integer("[0, 4294967295]"), default=42, help="random seed")
     g = p.add_argument_group("evaluation, checkpoints, logging")
     g.add_argument("--eval-interval", type=integer("[0, inf)"), default=10, help="evaluate every N steps (0: never)")
     g.add_argument("--eval-prompts", type=integer("[1, inf)"), **by_device("eval_prompts", "held-out prompts per evaluation"))
@@ -2048,6 +2033,14 @@ def draw(probs, uniforms=None):
     token = inverse_cdf(blocks[torch.arange(rows, device=probs.device), block].double(), uniforms[1])  # P(token | b)
     return block * SAMPLING_BLOCK + token
 
+def nucleus(probs, top_p):
+    """probs, 0 outside the smallest set of the most likely tokens whose probability reaches top_p, and the most
+    likely token always (a top_p of 1e-300 is 0 in float32: it would keep none)."""
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    keep = sorted_probs.cumsum(-1) - sorted_probs < top_p
+    keep[:, 0] = True
+    return torch.zeros_like(probs).scatter(-1, order, sorted_probs * keep)
+
 def inverse_cdf(weights, uniform):
     """weights [rows, n] >= 0, uniform [rows, 1] ~ U[0, 1) -> one index per row, index i with probability
     w_i / sum(w): the first i whose cumulative weight exceeds u = uniform * sum(w). A weight of 0 is never drawn,
@@ -2493,6 +2486,18 @@ class PhasePeaks:
         self.most = max(self.most, self.peak()[0])
         values, self.values = self.values, {}
         return {**values, "perf/memory_gb": self.most}
+
+def report(logger, progress, args, step, result, rewards, stats, seconds, memory, evals, tasks):
+    """Log a step (TensorBoard, W&B): step_metrics and the held-out evaluation if one ran; every
+    --log-completions-interval steps a few completions; then the progress bar, its postfix the step's mean reward,
+    KL and the held-out accuracy so far."""
+    metrics = {**step_metrics(result, rewards, stats, *seconds, memory), **evals.get(step, {})}
+    if args.log_completions_interval and step % args.log_completions_interval == 0:
+        logger.text("rollout/completions", sample_text(result, tasks, args.group_size), step)
+    logger.scalars(metrics, step)
+    progress.update(1)
+    progress.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", kl=f"{stats.get('kl', 0):.4f}",
+                         held_out=held_out(evals))
 
 def held_out(evals, problems=None):
     """The held-out accuracy at the first and last evaluations of this run ({step: evaluate's metrics}): '3% -> 55%'

@@ -1,0 +1,95 @@
+"""Fingerprints of a short run: the same completions and the same weights, before and after a restructure.
+
+Each train.py named runs two steps of its own main() in float32 on the CPU, on a tiny random Llama built here (seed
+0) and the math task's data, with a fixed seed, beta 0.01, two updates a step and a reward the model earns
+from the start (the share of 7s in a completion); it prints a SHA-256 of every rollout's completions and sequence ids,
+and one of every tensor the final checkpoint holds (its safetensors files, keys sorted). Two commits compute the
+same thing when their fingerprints match:
+
+    git show OLD:experiment_base/train.py > /tmp/old/experiment_base/train.py
+    python benchmarks/same_run.py /tmp/old/experiment_base experiment_base   # the old copy, then the new one
+
+A folder must be named as the experiment it holds (the run name and the accelerate copies' checks read it).
+"""
+
+import argparse
+import hashlib
+import sys
+import tempfile
+from pathlib import Path
+
+import os
+
+from common import ROOT, load_module
+
+STEPS = ["--max-steps", "2", "--rollouts-per-step", "2", "--group-size", "4", "--max-length", "24",
+         "--train-batch-size", "4", "--device", "cpu", "--dtype", "float32", "--quantization", "none",
+         "--lora-r", "8", "--lr", "1e-2", "--task", "math", "--eval-interval", "0", "--seed", "7",
+         "--log-completions-interval", "0", "--checkpoint-interval", "0", "--sampling-weights", "auto",
+         "--kl-weight", "0.01", "--updates-per-step", "2", "--reward-fn", "benchmarks.same_run:sevens"]
+EXTRA = {"experiment_multiturn_qa": [], "experiment_multiturn_tool_calling": []}  # no --task there: the defaults
+
+
+def sevens(completion, answer, metadata):
+    """A reward the tiny random model earns in part from its first samples: the share of its characters that are 7s
+    (the tests' seven_reward), so that advantages, and so the weights' change, are not 0."""
+    return completion.count("7") / max(1, len(completion))
+
+
+def build_tiny(folder):
+    """The tests' tiny Llama (tests/conftest.py), so that the fingerprint needs no download."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from conftest import build_tiny_model
+
+    return build_tiny_model(folder)
+
+
+def fingerprint(folder, model_dir, work):
+    """(completions' hash, weights' hash) of two steps of the train.py in folder."""
+    import torch
+    from safetensors.torch import load_file
+
+    module = load_module(Path(folder) / "train.py", f"{Path(folder).name}_{abs(hash(str(folder)))}")
+    seen = hashlib.sha256()
+    original = module.rollout
+
+    def recorded(*args, **kwargs):
+        result = original(*args, **kwargs)
+        seen.update(repr(result.completions).encode())
+        seen.update(result.sequence_ids.cpu().numpy().tobytes())
+        return result
+
+    module.rollout = recorded
+    name = Path(folder).name
+    options = [o for o in STEPS if not (name in EXTRA and o in ("--task", "math", "--sampling-weights", "auto"))]
+    run = f"same-{abs(hash(str(folder)))}"
+    module.main(["--model-name", str(model_dir), *options, "--checkpoint-path", str(work / "out"), "--log-dir",
+                 str(work / "runs"), "--run-name", run])
+    weights = hashlib.sha256()
+    files = sorted((work / "out" / run).glob("step_000002/**/*.safetensors"))
+    if not files:
+        raise SystemExit(f"{folder}: no safetensors in the final checkpoint")
+    for file in files:
+        tensors = load_file(file)
+        for key in sorted(tensors):
+            weights.update(key.encode())
+            weights.update(tensors[key].to(torch.float32).numpy().tobytes())
+    return seen.hexdigest()[:16], weights.hexdigest()[:16]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("folders", nargs="+", help="folders holding a train.py, each named as its experiment")
+    args = p.parse_args()
+    os.chdir(ROOT)  # the tasks' data paths are relative to the repository root
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = build_tiny(Path(tmp) / "tiny")
+        for i, folder in enumerate(args.folders):
+            folder = Path(folder) if Path(folder).is_absolute() else ROOT / folder
+            work = Path(tmp) / f"run{i}"
+            completions, weights = fingerprint(folder, model_dir, work)
+            print(f"{folder}: completions {completions}  weights {weights}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
