@@ -27,7 +27,20 @@ STEPS = ["--max-steps", "2", "--rollouts-per-step", "2", "--group-size", "4", "-
          "--lora-r", "8", "--lr", "1e-2", "--task", "math", "--eval-interval", "0", "--seed", "7",
          "--log-completions-interval", "0", "--checkpoint-interval", "0", "--sampling-weights", "auto",
          "--kl-weight", "0.01", "--updates-per-step", "2", "--reward-fn", "benchmarks.same_run:sevens"]
-EXTRA = {"experiment_multiturn_qa": [], "experiment_multiturn_tool_calling": []}  # no --task there: the defaults
+# Per experiment, the options that differ: experiment_accelerate makes two updates a step by accumulating one
+# micro-batch each, experiment_accelerate_ddp one update a step; the multi-turn copies have no --task (their data)
+CHANGED = {"experiment_accelerate": {"--updates-per-step": ("--gradient-accumulation-steps", "1")},
+           "experiment_accelerate_ddp": {"--updates-per-step": None},
+           "experiment_multiturn_qa": {"--task": None}, "experiment_multiturn_tool_calling": {"--task": None}}
+
+
+def options_for(name):
+    """STEPS as the experiment `name` spells them."""
+    options = []
+    for option, value in zip(STEPS[::2], STEPS[1::2]):
+        changed = CHANGED.get(name, {}).get(option, (option, value))
+        options += changed or []
+    return options
 
 
 def sevens(completion, answer, metadata):
@@ -61,7 +74,7 @@ def fingerprint(folder, model_dir, work):
 
     module.rollout = recorded
     name = Path(folder).name
-    options = [o for o in STEPS if not (name in EXTRA and o in ("--task", "math", "--sampling-weights", "auto"))]
+    options = options_for(name)
     run = f"same-{abs(hash(str(folder)))}"
     module.main(["--model-name", str(model_dir), *options, "--checkpoint-path", str(work / "out"), "--log-dir",
                  str(work / "runs"), "--run-name", run])
