@@ -245,6 +245,16 @@ def test_huge_numbers_are_no_answer(task_experiment):
     assert time.perf_counter() - started < 1.0
 
 
+def test_a_decimal_over_a_number_is_a_number_not_a_crash(task_experiment):
+    """A completion answering '1.5/2' raised ValueError inside the reward (Fraction takes no decimal numerator over a
+    denominator): one such sample stopped the run. It is 3/4 now; a/0 is still no number, and the number before it
+    counts."""
+    assert task_experiment.parse_number("1.5/2") == task_experiment.parse_number("0.75") == 0.75
+    assert task_experiment.correctness("<think> x </think> <answer> 1.5/2 </answer>", "3/4") == 1.0
+    assert task_experiment.parse_number("98.6/0") is None and task_experiment.parse_number("7 then 2.5/00") == 7
+    assert task_experiment.parse_number("-1.5/3") == -0.5
+
+
 @pytest.mark.parametrize("line, says", [("[" * 100_000 + "]" * 100_000, "nested too deeply"),
                                         ('{"question": "What is \\ud800 + 1?", "answer": "2"}', "lone surrogate"),
                                         ('{"question": "Q", "answer": "1", "id": ' + "7" * 5000 + "}", "4300 digits"),
