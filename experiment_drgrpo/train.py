@@ -59,12 +59,10 @@ DEVICE_DEFAULTS = dict(  # the options whose default depends on the device: (on 
     max_length=(512, 128), max_steps=(500, 20), lr=(2e-5, 1e-4), temperature=(1.0, 0.8),
     reward_weights=("", "format=0,reasoning=0"), eval_prompts=(200, 100), generation_batch_size=(256, None),
     task=("math", "sequence"))
-# On CUDA: TRL's num_generations (8) and max_completion_length (512), 16 prompts: about 25 s a step on an H100 by our
-# estimate, 500 steps in an evening, where 32 x 16 x 1,024 took 223 s (docs/results/verified.md).
-# On a CPU the defaults are the recipe that learned in 20 steps on the packaged Gemma-3-270M (README, Does it learn?):
-# 8 prompts x 8 completions at T = 0.8 (at T = 1 a quarter of the untrained model's samples hold an answer in its tags,
-# at 0.8 half), the reward correctness alone (the format terms are won in a few steps, after which most groups hold
-# equal rewards, which give no gradient).
+# CUDA: TRL's num_generations (8) and max_completion_length (512), 16 prompts (about 25 s a step on an H100, estimated).
+# CPU: the recipe that learned in 20 steps on Gemma-3-270M (README, Results): at T = 0.8 half the untrained model's
+# samples hold an answer in its tags (a quarter at T = 1); correctness alone, as the format terms, once won, leave
+# groups of equal rewards, which give no gradient.
 ALGORITHMS = ("grpo", "drgrpo", "dapo", "gspo", "cispo", "reinforce_pp", "reinforce_pp_baseline")
 TOKEN_LEVEL = ("dapo", "cispo", "reinforce_pp", "reinforce_pp_baseline")  # their loss is a mean over the batch's tokens
 # --preset NAME sets a group of options; options given on the command line win. The algorithm presets hold
@@ -478,14 +476,13 @@ def dynamic_sampling(model, tokenizer, train_tasks, result, position, args, scor
 
 def group_advantages(rewards, eps=1e-4, algorithm="grpo"):
     """rewards [num_prompts, group_size] -> A_i = (r_i - mean(r)) / (std(r) + eps) within each group.
-
-    std is the sample standard deviation (Bessel's correction, as in TRL). A group whose rewards are
-    all equal gets A = 0: it carries no gradient.
-      grpo, dapo, gspo, cispo  A_i = (r_i - mean(r)) / (std(r) + eps)
       drgrpo                   A_i = r_i - mean(r): dividing by std weighs questions the policy nearly always gets
                                right (or wrong) more than the rest, a difficulty bias; without it every question counts
       reinforce_pp             A_i = r_i: no group statistics; train_step turns r into per-token returns
-      reinforce_pp_baseline    A_i = r_i - mean(r): the group mean as baseline, then the same per-token returns"""
+      reinforce_pp_baseline    A_i = r_i - mean(r): the group mean as baseline, then the same per-token returns
+
+    std is the sample standard deviation (Bessel's correction, as in TRL). A group whose rewards are
+    all equal gets A = 0: it carries no gradient."""
     if algorithm == "reinforce_pp":
         return rewards
     mean = rewards.mean(dim=1, keepdim=True)
@@ -621,8 +618,7 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
     splits a new shuffle of its sequences into --updates-per-step mini-batches, one optimizer update each; each
     mini-batch runs in micro-batches of --train-batch-size sequences whose gradients add up. The shuffle is seeded by
     --seed, the step and the pass, so that a resumed run draws the same mini-batches. Returns the statistics to log,
-    averaged over the updates. The batch's advantages are group_advantages' [B]: for reinforce_pp(_baseline) the
-    outcome rewards (minus the group mean), made into per-token advantages here."""
+    averaged over the updates."""
     ids, attention, action_mask, advantages = batch
     n, num_actions = ids.shape[0], action_mask.shape[1]
     reinforce = args.algorithm in ("reinforce_pp", "reinforce_pp_baseline")
@@ -638,8 +634,8 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
                 ref_log_probs[idx] = log_probs(ref_model, idx)[0]
 
     # With beta = 0 a sequence whose advantage is 0 (a group of equal rewards) adds exactly 0 to the loss and to its
-    # gradient: no pass below runs it, and each mean still divides by all the sequences, or all their tokens
-    # (README: zero advantages). REINFORCE++'s advantages are whitened over the batch: none is 0.
+    # gradient: no pass below runs it, and each mean still divides by all the sequences (README: zero advantages).
+    # A mean over tokens divides by all their tokens; REINFORCE++'s advantages are whitened over the batch: none is 0.
     needed = (advantages != 0).cpu() if args.kl_weight == 0 and not reinforce else torch.ones(n, dtype=torch.bool)
     # --log-kl with beta 0 measures the KL without training those rows: each is measured once here, at pi_old, and
     # enters the logged mean below as if it had run (with one update a step, where its pass would measure it)
@@ -655,8 +651,8 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
 
     # pi_old, the policy that sampled. With one update and no dropout it is pi_theta before the update, recorded
     # from the first forward pass below at no cost. Otherwise a later mini-batch would see weights already
-    # updated, and LoRA dropout a mask the sampler never used: then one no-grad pass in eval mode first (as for
-    # REINFORCE++, whose per-token rewards need pi_old at every token before the first update).
+    # updated, and LoRA dropout a mask the sampler never used: then one no-grad pass in eval mode first.
+    # REINFORCE++ too: its per-token rewards need pi_old at every token before the first update.
     old_log_probs = torch.zeros(n, num_actions, device=ids.device)
     old_from_first_pass = args.updates_per_step == 1 and args.lora_dropout == 0 and not reinforce
     if not old_from_first_pass:
@@ -665,7 +661,7 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
             for idx in filter(len, torch.arange(n)[needed].split(args.train_batch_size)):  # an empty split is one empty part
                 old_log_probs[idx] = log_probs(model, idx)[0]
         model.train()
-    if reinforce:
+    if reinforce:  # the batch's advantages [B], the outcome rewards (minus the group mean), made per-token advantages
         advantages = reinforce_pp_advantages(advantages, old_log_probs, ref_log_probs, action_mask, args.kl_weight,
                                              args.reward_clip)
     kl_weight = 0.0 if reinforce else args.kl_weight  # REINFORCE++: the KL is in the reward
@@ -782,22 +778,11 @@ def run(args):
                     stats = train_step(model, batch, args, optimizer, scheduler, reference, step)
                 step, position = step + 1, next_position
 
-            metrics = step_metrics(result, rewards, stats, rollout_seconds, time.perf_counter() - started, memory)
-            metrics.update({
-                "rollout/groups_dropped": dropped,
-                "rollout/extra_rounds": extra_rounds,
-                "rollout/groups_trained": 0 if trained is None else len(trained.rewards) // args.group_size,
-                "rollout/groups_missing": missing,  # dynamic sampling hit --max-extra-rounds this many groups short
-            })
-            if args.log_completions_interval and step % args.log_completions_interval == 0:
-                logger.text("rollout/completions", sample_text(result, tasks, args.group_size), step)
+            seconds = rollout_seconds, time.perf_counter() - started
             if args.eval_interval and (step % args.eval_interval == 0 or step == args.max_steps):
                 evals[step] = evaluate(model, tokenizer, eval_tasks, args, score)
-                metrics.update(evals[step])
-            logger.scalars(metrics, step)
-            progress.update(1)
-            progress.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", kl=f"{stats.get('kl', 0):.4f}",
-                                 held_out=held_out(evals))
+            report(logger, progress, args, step, result, rewards, stats, seconds, memory, evals, tasks,
+                   (trained, dropped, extra_rounds, missing))  # TensorBoard; dynamic sampling's groups too
             if args.checkpoint_interval and step % args.checkpoint_interval == 0:
                 save()
         save()
@@ -2729,6 +2714,22 @@ class PhasePeaks:
         self.most = max(self.most, self.peak()[0])
         values, self.values = self.values, {}
         return {**values, "perf/memory_gb": self.most}
+
+def report(logger, progress, args, step, result, rewards, stats, seconds, memory, evals, tasks, sampled):
+    """Log a step (TensorBoard, W&B): step_metrics and the held-out evaluation if one ran; every
+    --log-completions-interval steps a few completions; then the progress bar, its postfix the step's mean reward,
+    KL and the held-out accuracy so far."""
+    trained, dropped, extra_rounds, missing = sampled  # dynamic sampling's: the batch trained (or None), its counts
+    groups = {"rollout/groups_dropped": dropped, "rollout/extra_rounds": extra_rounds,
+              "rollout/groups_trained": 0 if trained is None else len(trained.rewards) // args.group_size,
+              "rollout/groups_missing": missing}  # missing: dynamic sampling hit --max-extra-rounds this many groups short
+    metrics = {**step_metrics(result, rewards, stats, *seconds, memory), **groups, **evals.get(step, {})}
+    if args.log_completions_interval and step % args.log_completions_interval == 0:
+        logger.text("rollout/completions", sample_text(result, tasks, args.group_size), step)
+    logger.scalars(metrics, step)
+    progress.update(1)
+    progress.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", kl=f"{stats.get('kl', 0):.4f}",
+                         held_out=held_out(evals))
 
 def held_out(evals, problems=None):
     """The held-out accuracy at the first and last evaluations of this run ({step: evaluate's metrics}): '3% -> 55%'
