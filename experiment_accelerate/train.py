@@ -9,7 +9,6 @@ What accelerate takes over from experiment_base (everything else is the same GRP
     the step, the data position, the learning-rate schedule and the LoRA adapter in PEFT format.
 It runs in one process; experiment_accelerate_ddp is the data-parallel version for several.
 
-
 Group Relative Policy Optimization (DeepSeekMath, arXiv:2402.03300) in one file. The algorithm comes first, to be
 read top to bottom; below the line "Plumbing" is what keeps a run safe and its errors clear (the other options and
 their checks, data files, GGUF conversion, checkpoints, logging, Ctrl-C, the reward service), none of which changes
@@ -74,15 +73,11 @@ def parse_args(argv=None):
                    "(TRL: beta); 0: no reference pass"))
     g.add_argument("--epochs-per-step", type=integer("[1, inf)"), default=1, help="passes over each rollout batch, "
                    "PPO epochs (TRL: num_iterations)")
-    g.add_argument("--train-batch-size", type=integer("[1, inf)"), default=16, help="sequences per forward/backward micro-batch")
     g.add_argument("--gradient-accumulation-steps", type=integer("[1, inf)"), metavar="K", help="micro-batches whose "
                    "gradients add up to one optimizer update; fewer than a step's micro-batches gives several updates "
                    "per epoch; None: all of them, one update per epoch as in experiment_base")
-    g.add_argument("--generation-batch-size", type=integer("[1, inf)"), **by_device("generation_batch_size",
-                   "sequences sampled at once; their KV cache is the largest part of GPU memory; None: the whole step"))
     g.add_argument("--max-grad-norm", type=real("(0, inf)"), default=1.0, help="gradient clipping")
     g.add_argument("--max-steps", type=integer("[1, inf)"), **by_device("max_steps", "training steps"))
-    g.add_argument("--seed", type=integer("[0, 4294967295]"), default=42, help="random seed")
     add_setup_options(p)  # model, task and reward, evaluation, checkpoints, logging
     return complete_args(p.parse_args(argv), p)  # the device and what depends on it, and checks across options
 
@@ -401,10 +396,10 @@ def make_optimizer(model, args):
 
 def train_step(model, batch, args, optimizer, scheduler, accelerator, reference=None, step=0):
     """GRPO updates on a rollout batch, in three levels: a step is --epochs-per-step passes over the batch; each pass
-    splits a new shuffle of its sequences into mini-batches of K = --gradient-accumulation-steps micro-batches, one
-    optimizer update each; each micro-batch holds --train-batch-size sequences, and accelerate adds up the gradients of
-    the K. The shuffle is seeded by --seed, the step and the pass, so that a resumed run draws the same mini-batches.
-    Returns the statistics to log, averaged over the updates."""
+    splits a new shuffle of its sequences into mini-batches of K = --gradient-accumulation-steps micro-batches of
+    --train-batch-size sequences, one optimizer update each; accelerate adds up the K gradients. The shuffle is seeded by
+    --seed, the step and the pass, so that a resumed run draws the same mini-batches. Returns the statistics to log,
+    averaged over the updates."""
     ids, attention, action_mask, advantages = batch
     n, num_actions = ids.shape[0], action_mask.shape[1]
     k = args.gradient_accumulation_steps
@@ -524,7 +519,7 @@ def run(args):
         if args.eval_interval and step == 0:  # the eval curve's start; Ctrl-C here saves too
             with accelerator.autocast():
                 evals[0] = evaluate(model, tokenizer, eval_tasks, args, score)
-                logger.scalars(evals[0], 0)
+            logger.scalars(evals[0], 0)
         while step < args.max_steps:
             started = time.perf_counter()
             tasks, next_position = next_prompts(train_tasks, args.rollouts_per_step, position, args.seed)  # seeded shuffle
@@ -545,17 +540,11 @@ def run(args):
                 stats = train_step(model, batch, args, optimizer, scheduler, accelerator, reference, step)
                 step, position = step + 1, next_position
 
-            metrics = step_metrics(result, rewards, stats, rollout_seconds, time.perf_counter() - started, memory)
-            if args.log_completions_interval and step % args.log_completions_interval == 0:
-                logger.text("rollout/completions", sample_text(result, tasks, args.group_size), step)
+            seconds = rollout_seconds, time.perf_counter() - started
             if args.eval_interval and (step % args.eval_interval == 0 or step == args.max_steps):
                 with accelerator.autocast():
                     evals[step] = evaluate(model, tokenizer, eval_tasks, args, score)
-                    metrics.update(evals[step])
-            logger.scalars(metrics, step)
-            progress.update(1)
-            progress.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", kl=f"{stats.get('kl', 0):.4f}",
-                                 held_out=held_out(evals))
+            report(logger, progress, args, step, result, rewards, stats, seconds, memory, evals, tasks)  # TensorBoard
             if args.checkpoint_interval and step % args.checkpoint_interval == 0:
                 save()
         save()
@@ -720,6 +709,11 @@ def add_setup_options(p):
     g.add_argument("--reward-url", type=http_url, metavar="URL", help="a reward service: POST {completions, answers, metadata} -> {rewards}")
     g.add_argument("--reward-timeout", type=real("(0, 1e6]"), default=30.0, help="seconds the reward service may take for a whole "
                    "answer; each request gets 3 tries")
+    g = p.add_argument_group("batching and seed: memory, speed and reproducibility, not the algorithm")
+    g.add_argument("--train-batch-size", type=integer("[1, inf)"), default=16, help="sequences per forward/backward micro-batch")
+    g.add_argument("--generation-batch-size", type=integer("[1, inf)"), **by_device("generation_batch_size",
+                   "sequences sampled at once; their KV cache is the largest part of GPU memory; None: the whole step"))
+    g.add_argument("--seed", type=integer("[0, 4294967295]"), default=42, help="random seed")
     g = p.add_argument_group("evaluation, checkpoints, logging")
     g.add_argument("--eval-interval", type=integer("[0, inf)"), default=10, help="evaluate every N steps (0: never)")
     g.add_argument("--eval-prompts", type=integer("[1, inf)"), **by_device("eval_prompts", "held-out prompts per evaluation"))
@@ -2365,12 +2359,12 @@ def resume(folder, accelerator, optimizer, scheduler):
     (0, (0, 0)) without one."""
     if folder is None:
         return 0, (0, 0)
+    state = load_state_file(folder)
     rates = [group["initial_lr"] for group in optimizer.param_groups]  # this run's --lr, before the checkpoint's
     with tempfile.TemporaryDirectory(prefix="tiny-grpo-resume-") as view:  # load_state sees the files checked
         for file in state_files(folder / "accelerate_state"):  # (checkpoint_problem), and no custom_checkpoint_N.pkl,
             os.symlink(file.resolve(), Path(view) / file.name)  # which it would unpickle
         accelerator.load_state(view)  # with load_trainable_weights for the weights
-    state = load_state_file(folder)
     scheduler.load_state_dict(state["scheduler"] if "scheduler" in state else  # before 2026-11-27: accelerate's file
                               torch.load(folder / "accelerate_state" / "custom_checkpoint_0.pkl", weights_only=True))
     apply_learning_rate(optimizer, scheduler, rates, state)
@@ -2492,6 +2486,18 @@ class PhasePeaks:
         self.most = max(self.most, self.peak()[0])
         values, self.values = self.values, {}
         return {**values, "perf/memory_gb": self.most}
+
+def report(logger, progress, args, step, result, rewards, stats, seconds, memory, evals, tasks):
+    """Log a step (TensorBoard, W&B): step_metrics and the held-out evaluation if one ran; every
+    --log-completions-interval steps a few completions; then the progress bar, its postfix the step's mean reward,
+    KL and the held-out accuracy so far."""
+    metrics = {**step_metrics(result, rewards, stats, *seconds, memory), **evals.get(step, {})}
+    if args.log_completions_interval and step % args.log_completions_interval == 0:
+        logger.text("rollout/completions", sample_text(result, tasks, args.group_size), step)
+    logger.scalars(metrics, step)
+    progress.update(1)
+    progress.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", kl=f"{stats.get('kl', 0):.4f}",
+                         held_out=held_out(evals))
 
 def held_out(evals, problems=None):
     """The held-out accuracy at the first and last evaluations of this run ({step: evaluate's metrics}): '3% -> 55%'
