@@ -66,8 +66,7 @@ def parse_args(argv=None):
     g = p.add_argument_group("GRPO")
     g.add_argument("--group-size", type=integer("[2, inf)"), **by_device("group_size", "G, completions sampled per prompt "
                    "(TRL: num_generations); at least 2: GRPO compares the completions of a group"))
-    g.add_argument("--rollouts-per-step", type=integer("[1, inf)"), **by_device("rollouts_per_step",
-                   "prompts per step, over all processes"))
+    g.add_argument("--rollouts-per-step", type=integer("[1, inf)"), **by_device("rollouts_per_step", "prompts per step, over all processes"))
     g.add_argument("--max-length", type=integer("[1, inf)"), **by_device("max_length", "completion budget in tokens"))
     g.add_argument("--temperature", type=real("[0.001, 1000]"), **by_device("temperature", "sampling temperature T; "
                    "pi_theta, pi_old and pi_ref are all taken at T, softmax(logits / T), the distribution the sampler drew from"))
@@ -81,13 +80,8 @@ def parse_args(argv=None):
                    "(TRL: beta); 0: no reference pass"))
     g.add_argument("--epochs-per-step", type=integer("[1, inf)"), default=1, help="passes over each rollout batch, "
                    "PPO epochs (TRL: num_iterations), one optimizer update each")
-    g.add_argument("--train-batch-size", type=integer("[1, inf)"), default=16, help="sequences per forward/backward "
-                   "micro-batch, on each process")
-    g.add_argument("--generation-batch-size", type=integer("[1, inf)"), **by_device("generation_batch_size",
-                   "sequences sampled at once; their KV cache is the largest part of GPU memory; None: the whole step"))
     g.add_argument("--max-grad-norm", type=real("(0, inf)"), default=1.0, help="gradient clipping")
     g.add_argument("--max-steps", type=integer("[1, inf)"), **by_device("max_steps", "training steps"))
-    g.add_argument("--seed", type=integer("[0, 4294967295]"), default=42, help="random seed")
     add_setup_options(p)  # model, task and reward, evaluation, checkpoints, logging
     return complete_args(p.parse_args(argv), p)  # the device and what depends on it, and checks across options
 
@@ -552,19 +546,11 @@ def run(args):
                 log_rank(args, accelerator, step, share, tasks, result, before, weights_sha1(model))
 
             everyone = gather_rollouts(result)  # every process's completions, for the statistics
-            rewards = everyone.rewards.view(-1, args.group_size)
-            metrics = step_metrics(everyone, rewards, stats, rollout_seconds, time.perf_counter() - started, memory)
-            if accelerator.is_main_process:  # it logs and evaluates; the others go on to their next rollout
-                if args.log_completions_interval and step % args.log_completions_interval == 0:
-                    logger.text("rollout/completions", sample_text(result, tasks, args.group_size), step)
-                if args.eval_interval and (step % args.eval_interval == 0 or step == args.max_steps):
-                    with accelerator.autocast():
-                        evals[step] = evaluate(model, tokenizer, eval_tasks, args, score)
-                        metrics.update(evals[step])
-                logger.scalars(metrics, step)
-            progress.update(1)
-            progress.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", kl=f"{stats.get('kl', 0):.4f}",
-                                 held_out=held_out(evals))
+            seconds = rollout_seconds, time.perf_counter() - started
+            if args.eval_interval and (step % args.eval_interval == 0 or step == args.max_steps) and accelerator.is_main_process:
+                with accelerator.autocast():  # the main process evaluates; the others go on to their next rollout
+                    evals[step] = evaluate(model, tokenizer, eval_tasks, args, score)
+            report(logger, progress, args, step, result, everyone, stats, seconds, memory, evals, tasks)  # TensorBoard
             if args.checkpoint_interval and step % args.checkpoint_interval == 0:
                 save()
         save()
@@ -734,6 +720,11 @@ def add_setup_options(p):
     g.add_argument("--reward-url", type=http_url, metavar="URL", help="a reward service: POST {completions, answers, metadata} -> {rewards}")
     g.add_argument("--reward-timeout", type=real("(0, 1e6]"), default=30.0, help="seconds the reward service may take for a whole "
                    "answer; each request gets 3 tries")
+    g = p.add_argument_group("batching and seed: memory, speed and reproducibility, not the algorithm")
+    g.add_argument("--train-batch-size", type=integer("[1, inf)"), default=16, help="sequences per forward/backward micro-batch, on each process")
+    g.add_argument("--generation-batch-size", type=integer("[1, inf)"), **by_device("generation_batch_size",
+                   "sequences sampled at once; their KV cache is the largest part of GPU memory; None: the whole step"))
+    g.add_argument("--seed", type=integer("[0, 4294967295]"), default=42, help="random seed")
     g = p.add_argument_group("evaluation, checkpoints, logging")
     g.add_argument("--eval-interval", type=integer("[0, inf)"), default=10, help="evaluate every N steps (0: never)")
     g.add_argument("--eval-prompts", type=integer("[1, inf)"), **by_device("eval_prompts", "held-out prompts per evaluation"))
@@ -2544,8 +2535,8 @@ def load_state_file(folder):
                          f"{str(e).splitlines()[0][:200]})")
 
 def resume(folder, accelerator, optimizer, scheduler):
-    """(step, data position) of the checkpoint in folder, its weights, optimizer, schedule and random state restored
-    on every process (each its own random state, if saved by as many processes); (0, (0, 0)) without one."""
+    """(step, data position) of the checkpoint in folder, its weights, optimizer, schedule and random state restored;
+    (0, (0, 0)) without one. Every process restores them (each its own random state, if saved by as many processes)."""
     if folder is None:
         return 0, (0, 0)
     rates = [group["initial_lr"] for group in optimizer.param_groups]  # this run's --lr, before the checkpoint's
@@ -2677,6 +2668,21 @@ class PhasePeaks:
         values, self.values = self.values, {}
         return {**values, "perf/memory_gb": self.most}
 
+def report(logger, progress, args, step, result, everyone, stats, seconds, memory, evals, tasks):
+    """Log a step (TensorBoard, W&B): step_metrics and the held-out evaluation if one ran; every
+    --log-completions-interval steps a few completions; then the progress bar, its postfix the step's mean reward,
+    KL and the held-out accuracy so far. The metrics are of every process's rollout (everyone, gathered); every process
+    computes them, and the main process alone, the one logger, logs them and a few of its own completions."""
+    rewards = everyone.rewards.view(-1, args.group_size)
+    metrics = {**step_metrics(everyone, rewards, stats, *seconds, memory), **evals.get(step, {})}
+    if logger and args.log_completions_interval and step % args.log_completions_interval == 0:
+        logger.text("rollout/completions", sample_text(result, tasks, args.group_size), step)
+    if logger:  # the main process
+        logger.scalars(metrics, step)
+    progress.update(1)
+    progress.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", kl=f"{stats.get('kl', 0):.4f}",
+                         held_out=held_out(evals))
+
 def held_out(evals, problems=None):
     """The held-out accuracy at the first and last evaluations of this run ({step: evaluate's metrics}): '3% -> 55%'
     for the progress bar; with problems, the closing line's '; held-out accuracy 3% at step 0 -> 55% at step 20 (100
@@ -2700,7 +2706,7 @@ def sample_text(rollout, tasks, group_size, count=4):
 # -- stopping: Ctrl-C, SIGTERM, a failed reward, divergence
 
 class Interrupts:
-    """Ctrl-C and SIGTERM only take note. After each rollout every process learns whether any process was
+    """Ctrl-C, SIGTERM and SIGHUP only take note. After each rollout every process learns whether any process was
     interrupted (one all-reduce), and then all raise KeyboardInterrupt together: a process that stopped alone
     would leave the others waiting in their next collective, and a checkpoint never holds half an update."""
 
