@@ -144,9 +144,8 @@ def system_prompt(tag="think"):
 
 def format_prompt(tokenizer, question, task="math", reasoning_format="think"):
     """The chat template when the tokenizer has one, else a plain R1-Zero style template; either way the task's worked
-    example (TASKS, below the banner) comes first, as an earlier exchange: a base model copies a format it has seen far
-    more often than one it is told about (Gemma-3-270M, count_words, T = 1: 17-26% of samples in the format, 3% with
-    the example inline)."""
+    example (TASKS) comes first, as an earlier exchange: a base model copies a format it has seen far more often than
+    one it is told about (Gemma-3-270M, count_words, T = 1: 17-26% of samples in the format, 3% with it inline)."""
     instructions, example = system_prompt(reasoning_format), TASKS[task]
     tag = reasoning_format
     shown = [{"role": "user", "content": example.question},
@@ -192,16 +191,11 @@ NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
 
 def parse_number(text):
     """The last number in a text, exactly: '1,234' '12.0' '$5' '7.' '12 apples' '\\boxed{42}' '-3' '1/2'."""
-    if text is None:
-        return None
-    text = re.sub(r"(?<=\d),(?=\d{3}\b)", "", text)  # thousands separators
-    for number in reversed(NUMBER.findall(text)):
-        if len(number) > 100:  # no answer here has 100 digits; a longer one costs seconds to compare (or raises)
-            continue
-        try:
-            return Fraction(number)
-        except ZeroDivisionError:
-            continue
+    numbers = NUMBER.findall(re.sub(r"(?<=\d),(?=\d{3}\b)", "", text or ""))  # without thousands separators
+    for number in reversed(numbers):  # no answer has 100 digits; a longer one costs seconds to compare (or raises)
+        numerator, _, denominator = number.partition("/")  # '1.5/2' is 3/4 (Fraction takes no decimal over a number)
+        if len(number) <= 100 and int(denominator or 1) != 0:  # a/0 is no number
+            return Fraction(numerator) / int(denominator or 1)
     return None
 
 def correctness(completion, answer, task="math", partial_credit=False):
