@@ -11,22 +11,18 @@ pauses at a closed call, the script runs the calculator and appends its result, 
 Group Relative Policy Optimization (DeepSeekMath, arXiv:2402.03300) in one file. The algorithm comes first, to be
 read top to bottom; below the line "Plumbing" is what keeps a run safe and its errors clear (the other options and
 their checks, data files, GGUF conversion, checkpoints, logging, Ctrl-C, the reward service), none of which changes
-what is computed. The calculator's details are there too (parsing a call, walking the expression tree, the bounds).
+what is computed.
+The calculator's details are there too (parsing a call, walking the expression tree, the bounds).
 
-  configuration     parse_args: the GRPO options, --max-turns among them (the rest, below the banner, join the same
-                    --help)
+  configuration     parse_args: the GRPO options (the rest, below the banner, join the same --help)
   model             load_model: 4-bit NF4 + LoRA; pi_ref is the same model with the adapter off
-  prompts, rewards  r = sum_k w_k term_k: correctness (1), format (0.1), tool (0.1); the system prompt shows how
-                    to call the calculator, and the tool term credits the calls that ran
-  rollout           G episodes per prompt, sampled from pi_old = softmax(logits / T), turn by turn: sample until
-                    a call closes, run it, append the result, resume; the action mask is 1 on the model's own
-                    tokens only, 0 on every tool result
+  prompts, rewards  r = sum_k w_k term_k: correctness (1), format (0.1), tool (0.1: the calculator calls that ran)
+  rollout           G episodes per prompt, sampled from pi_old = softmax(logits / T) turn by turn, as above
   advantages        A_i = (r_i - mean(r)) / (std(r) + eps) within each group of G
   loss              L = mean_i mean_t [-min(rho A_i, clip(rho, 1 - eps, 1 + eps) A_i) + beta KL_t],
                     rho = pi_theta / pi_old, KL_t = exp(ref - logp) - (ref - logp) - 1 (k3)
   train_step        a step = --epochs-per-step passes x --updates-per-step optimizer updates x micro-batches
-  run               the loop: prompts -> rollout -> advantages -> train_step -> log, evaluate, checkpoint; it also
-                    logs tool calls, tool errors and turns per episode, tool success rate
+  run               the loop: prompts -> rollout -> advantages -> train_step -> log, evaluate, checkpoint
 
     python experiment_multiturn_tool_calling/train.py           # Llama-3.2-1B on CUDA, packaged Gemma-3-270M on CPU
     python experiment_multiturn_tool_calling/train.py --help
@@ -48,8 +44,7 @@ DEVICE_DEFAULTS = dict(  # the options whose default depends on the device: (on 
     model_name=(GPU_MODEL, CPU_MODEL), quantization=("4bit", "none"), group_size=(8, 4), rollouts_per_step=(16, 4),
     max_length=(512, 128), max_steps=(500, 50), lr=(2e-5, 1e-4), eval_prompts=(200, 20),
     generation_batch_size=(256, None))
-# On CUDA: TRL's num_generations (8) and max_completion_length (512), 16 prompts: about 25 s a step on an H100 by our
-# estimate, 500 steps in an evening, where 32 x 16 x 1,024 took 223 s (docs/results/verified.md).
+# CUDA: TRL's num_generations (8) and max_completion_length (512), 16 prompts (about 25 s a step on an H100, estimated).
 MAX_TURNS = 4  # calculator calls per episode, by default
 
 def parse_args(argv=None):
@@ -62,9 +57,8 @@ def parse_args(argv=None):
     g.add_argument("--rollouts-per-step", type=integer("[1, inf)"), **by_device("rollouts_per_step", "prompts per step"))
     g.add_argument("--max-length", type=integer("[1, inf)"), **by_device("max_length", "the model's own tokens per "
                    "episode, all turns together (tool results do not count)"))
-    g.add_argument("--max-turns", type=integer("[0, inf)"), default=MAX_TURNS,
-                   help="at most this many calculator calls per episode; the model answers in the turn after the "
-                   "last (0: no calculator)")
+    g.add_argument("--max-turns", type=integer("[0, inf)"), default=MAX_TURNS, help="at most this many calculator calls "
+                   "per episode; the model answers in the turn after the last (0: no calculator)")
     g.add_argument("--temperature", type=real("[0.001, 1000]"), default=1.0, help="sampling temperature T; pi_theta, pi_old and "
                    "pi_ref are all taken at T, softmax(logits / T), the distribution the sampler drew from")
     g.add_argument("--top-p", type=real("(0, 1]"), default=1.0, help="nucleus sampling; 1.0 samples the full distribution")
@@ -126,33 +120,24 @@ def reference_policy(model, reference=None):
 
 # ---- Prompts and rewards ----
 
-# A worked example of an episode: the system prompt shows it, and the plain template plays it as a first exchange.
-EXAMPLE_QUESTION = "What is 12 * (3 + 4)?"
+EXAMPLE_QUESTION = "What is 12 * (3 + 4)?"  # a worked episode: the system prompt shows it, the plain template plays it
 EXAMPLE_EPISODE = "<calculator>12*(3+4)</calculator><result>84</result> <answer> 84 </answer>"
 
-def system_prompt():
-    """How to call the calculator and how to answer (the README documents the same)."""
-    return (
-        "A conversation between User and Assistant. The user asks a question and the Assistant solves it. "
-        "The Assistant has a calculator: it writes an arithmetic expression in <calculator> </calculator> tags "
-        "and the result comes back in <result> </result> tags. The calculator knows numbers, + - * / // % ** "
-        "and parentheses, and sqrt, abs, round, min, max. The Assistant may use it several times, then gives "
-        f"the final answer in <answer> </answer> tags, for example {EXAMPLE_EPISODE}."
-    )
+def system_prompt():  # how to call the calculator and how to answer (the README documents the same)
+    return ("A conversation between User and Assistant. The user asks a question and the Assistant solves it. The "
+            "Assistant has a calculator: it writes an arithmetic expression in <calculator> </calculator> tags and the "
+            "result comes back in <result> </result> tags. The calculator knows numbers, + - * / // % ** and "
+            "parentheses, and sqrt, abs, round, min, max. The Assistant may use it several times, then gives the final "
+            f"answer in <answer> </answer> tags, for example {EXAMPLE_EPISODE}.")
 
 def format_prompt(tokenizer, question):
-    """The chat template when the tokenizer has one, else a plain template with one worked exchange. The episode's
-    later turns and tool results go inside the assistant's message (the rollout), the same way for every tokenizer."""
+    """The chat template when the tokenizer has one, else a plain template with one worked exchange first: a base model
+    imitates more than it follows (Gemma-3-270M: 0.7 calls per episode with it, none without; an instruct model reads
+    the system prompt). The episode's later turns and tool results go inside the assistant's message (the rollout)."""
     instructions = system_prompt()
     if getattr(tokenizer, "chat_template", None):
         messages = [{"role": "system", "content": instructions}, {"role": "user", "content": question}]
-        try:
-            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        except Exception:  # some templates refuse a system turn: fold it into the user's
-            messages = [{"role": "user", "content": f"{instructions}\n\n{question}"}]
-            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    # A base model imitates more than it follows: one worked exchange first (measured on Gemma-3-270M: 0.7 calls
-    # per episode with it, none without; an instruct model reads the system prompt)
+        return chat_prompt(tokenizer, messages)  # (a template that refuses a system turn: it joins the first user turn)
     return f"{instructions}\nUser: {EXAMPLE_QUESTION}\nAssistant: {EXAMPLE_EPISODE}\nUser: {question}\nAssistant:"
 
 def add_prompts(model, tokenizer, args, train_tasks, eval_tasks):
@@ -161,21 +146,16 @@ def add_prompts(model, tokenizer, args, train_tasks, eval_tasks):
         task["prompt"] = format_prompt(tokenizer, task["question"])
     check_context(model, tokenizer, args, train_tasks, eval_tasks)  # a prompt too long for the model stops the run now
 
-# The reward is a weighted sum of terms, each in [0, 1] and each logged on its own (their code follows).
-# They read the model's own words (its turns, without the tool's results) and the episode's tool record (in the
-# row's metadata):
-#   correctness  the number in the last <answer> tags is right
-#   format       the episode ends with its only "<answer> number </answer>", and every call it opened is closed
-#   tool         the fraction of the episode's calculator calls that parsed and ran; 0 with no call. A fraction,
-#                so more calls earn no more: a small shaping term that teaches the call syntax
+# The reward is a weighted sum of terms, each in [0, 1] and each logged on its own (their code follows):
+#   correctness  the number in the last <answer> tags is right (the terms read the model's words, not the tool's)
+#   format       the episode ends with its only "<answer> number </answer>", every call it opened closed; else 0
+#   tool         the fraction of the episode's calls that parsed and ran, 0 with none (shaping: more calls earn no more)
 #   custom       --reward-fn, a function of yours;  remote: --reward-url, an HTTP reward service
-# An empty or unparsable answer earns no format credit: empty tags cannot win reward.
 DEFAULT_REWARD_WEIGHTS = "correctness=1,format=0.1,tool=0.1"
 REWARD_TERMS = ("correctness", "format", "tool", "custom", "remote")
 
 def reward_terms(completion, answer, metadata=None):
-    """The built-in reward terms of one episode, each in [0, 1]: its model-written text, and its metadata,
-    which holds the tool record ('tool_calls', 'tool_errors') that the rollout adds."""
+    """The built-in reward terms of one episode, each in [0, 1], of its text and its tool record (in its metadata)."""
     return {
         "correctness": correctness(completion, answer),
         "format": format_score(completion),
@@ -193,7 +173,6 @@ def extract_answer(completion):
 
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
 
-
 def parse_number(text):
     """The last number in a text, exactly: '1,234' '12.0' '$5' '7.' '12 apples' '\\boxed{42}' '-3' '1/2'."""
     if text is None:
@@ -209,15 +188,13 @@ def parse_number(text):
     return None
 
 def correctness(completion, answer):
+    """1 if the answer in the last <answer> tags is the reference's number, exactly (parse_number), else 0."""
     predicted = extract_answer(completion)
-    if predicted is None:
-        return 0.0
     value = parse_number(predicted)
     return float(value is not None and value == parse_number(answer))
 
 def format_score(completion):
-    """1 when the completion ends with its only '<answer> number </answer>' and every <calculator> it opened was
-    closed (the text before the answer is free: reasoning and calls); else 0."""
+    """1 when the completion ends with its only '<answer> number </answer>' and closes every <calculator>; else 0."""
     match = re.fullmatch(r"(.*)<answer>(.*?)</answer>\s*", completion, re.DOTALL)
     return float(bool(match) and completion.count("<answer>") == 1 and parse_number(match[2]) is not None
                  and match[1].count("<calculator>") == match[1].count("</calculator>"))
@@ -232,21 +209,12 @@ class Scorer:
 
     def __init__(self, weights="", reward_fn=None, reward_url=None, timeout=30.0, retries=3, custom_timeout=60.0):
         self.weights = parse_weights(weights)  # the defaults, with --reward-weights over them
-        self.custom = load_reward_fn(reward_fn, custom_timeout) if reward_fn else None  # each call timed
-        self.url, self.timeout, self.retries = reward_url, timeout, retries
-        if self.custom:
-            self.weights.setdefault("custom", 1.0)
-        if self.url:
-            self.weights.setdefault("remote", 1.0)
-            remote_rewards(self.url, [], [], [], timeout, retries)  # fail now, not an hour into the run
+        self.outside = OutsideTerms(reward_fn, custom_timeout, reward_url, timeout, retries, self.weights)
 
     def __call__(self, completions, answers, metadata):
         rows = [reward_terms(c, a, m) for c, a, m in zip(completions, answers, metadata)]
         terms = {name: [row[name] for row in rows] for name in rows[0]} if rows else {}
-        if self.custom:
-            terms["custom"] = [self.custom(c, a, m) for c, a, m in zip(completions, answers, metadata)]
-        if self.url:
-            terms["remote"] = remote_rewards(self.url, completions, answers, metadata, self.timeout, self.retries)
+        terms.update(self.outside(completions, answers, metadata))  # custom and remote, where used
         terms = {name: torch.tensor(values, dtype=torch.float32) for name, values in terms.items()}
         rewards = total_reward(terms, self.weights)
         check_finite(rewards, terms, completions, answers)  # a reward of inf or nan stops the run, naming the completion
@@ -254,18 +222,15 @@ class Scorer:
 
 # ---- Rollout: G episodes per prompt, sampled from pi_old, the calculator run between turns ----
 
-# A turn ends at EOS, at its closing answer tag, where a base model starts writing the user's next turn, or at a
-# closed calculator call: then the script runs the calculator, appends the result, and the model takes another turn.
-STOP_STRINGS = ("</answer>", "\nUser:", "</calculator>")
+STOP_STRINGS = ("</answer>", "\nUser:", "</calculator>")  # a turn also ends where a base model starts the user's turn
 
 # An episode is the model's turns and the tool's results, interleaved, after the prompt:
 #   episode       I compute <calculator>12*(3+4)</calculator> | <result>84</result> | <answer> 84 </answer> | pad
 #   attention     1 ...                                     1 | 1 ...            1 | 1 ...              1 | 0
 #   action mask   1 ...                                     1 | 0 ...            0 | 1 ...              1 | 0
-# A turn ends like a base completion (EOS, a stop string, the budget) or at a closed calculator call, which is run
-# while the episode has calls left (--max-turns) and budget left to use the result; anything else ends the episode.
-# --max-length counts the model's own tokens over all its turns; results do not count against it. Each result is
-# tokenized once and its ids appended as they are, so the mask is exact: nothing is re-derived from decoded text.
+# A turn ends like a base completion (EOS, a stop string, the budget) or at a closed calculator call, which the script
+# runs, its result appended for another turn, while the episode has calls and budget left; else the episode ends. Each
+# result is tokenized once and its ids appended as they are: the mask is exact, never re-derived from decoded text.
 
 @dataclass
 class Rollout:
@@ -290,7 +255,6 @@ class Episode:
     tool_calls: int = 0
     tool_errors: int = 0
     result_tokens: int = 0
-    done: bool = False
 
 def sample_token(logits, temperature, top_p, uniforms=None):
     """One token per row from softmax(logits / T), within the nucleus top_p. temperature 0 is greedy. uniforms
@@ -339,17 +303,14 @@ def add_turn(episode, turn, tokenizer, stop_ids, max_length, max_turns):
     episode.ids += turn
     episode.actions += [1] * len(turn)
     episode.turns += 1
-    call = None
     if turn[-1] not in stop_ids and len(turn) < room and episode.tool_calls < max_turns:
-        call = find_tool_call(tokenizer.decode(turn, skip_special_tokens=True))
-    episode.done = call is None  # an answer, EOS, the budget spent, no calls left, or no closed call
-    return call
+        return find_tool_call(tokenizer.decode(turn, skip_special_tokens=True))  # None: an answer, or no closed call
+    return None  # EOS, the budget spent, or no calls left
 
 def add_information(episodes, calls, tokenizer):
     """One calculator run per paused episode; each gets its <result> block appended."""
     results = [run_tool_call(call) for call in calls]  # (text, ok): an error is a result too, never raised
-    blocks = tokenizer([f"<result>{text}</result>" for text, _ in results],
-                       add_special_tokens=False).input_ids  # tokenized once, here
+    blocks = tokenizer([f"<result>{text}</result>" for text, _ in results], add_special_tokens=False).input_ids
     for episode, (_, ok), ids in zip(episodes, results, blocks):
         episode.ids += ids
         episode.actions += [0] * len(ids)  # the tool's tokens: in the context, never actions
@@ -372,8 +333,7 @@ def play_episodes(model, tokenizer, prompt_ids, prompt_mask, group_size, max_len
     while True:
         paused = {}  # row -> the expression its turn ended with
         for row, turn_ids, turn_actions in zip(running, ids, actions):
-            call = add_turn(episodes[row], turn_ids[turn_actions.bool()].tolist(), tokenizer, stop_ids, max_length,
-                            max_turns)
+            call = add_turn(episodes[row], turn_ids[turn_actions.bool()].tolist(), tokenizer, stop_ids, max_length, max_turns)
             if call is not None:
                 paused[row] = call
         running = list(paused)
@@ -396,15 +356,8 @@ def rollout(model, tokenizer, tasks, group_size, max_length, temperature=1.0, to
     prompts = [task["prompt"] for task in tasks]
     has_bos = bool(tokenizer.bos_token) and prompts[0].startswith(tokenizer.bos_token)  # chat templates add it
     encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=not has_bos).to(device)
-    prompts_at_once = max(1, (generation_batch_size or len(prompts) * group_size) // group_size)
-    pieces = [play_episodes(model, tokenizer, encoded.input_ids[i : i + prompts_at_once], encoded.attention_mask[i : i + prompts_at_once],
-                            group_size, max_length, temperature, top_p, max_turns) for i in range(0, len(prompts), prompts_at_once)]
-    episodes = [episode for piece in pieces for episode in piece]
-    width = max(len(e.ids) for e in episodes)  # episodes end at different lengths
-    padded = lambda values, fill: pad_right(torch.tensor([values], device=device), width, fill)  # noqa: E731
-    episode_ids = torch.cat([padded(e.ids, tokenizer.pad_token_id) for e in episodes])
-    episode_mask = torch.cat([padded([1] * len(e.ids), 0) for e in episodes])
-    action_mask = torch.cat([padded(e.actions, 0) for e in episodes])
+    episodes, episode_ids, episode_mask, action_mask = play_in_batches(  # play, at most this many rows at once
+        model, tokenizer, encoded, group_size, max_length, temperature, top_p, generation_batch_size, max_turns)
 
     completions = [tokenizer.decode(ids[mask.bool()], skip_special_tokens=True) for ids, mask in zip(episode_ids, action_mask)]
     transcripts = [tokenizer.decode(e.ids, skip_special_tokens=True) for e in episodes]
@@ -412,20 +365,11 @@ def rollout(model, tokenizer, tasks, group_size, max_length, temperature=1.0, to
     records = [{**t.get("metadata", {}), "tool_calls": e.tool_calls, "tool_errors": e.tool_errors, "turns": e.turns}
                for t, e in zip(rows, episodes)]
     rewards, terms = (score or Scorer())(completions, [t["answer"] for t in rows], records)
-    count = lambda name: torch.tensor([getattr(e, name) for e in episodes])  # noqa: E731
-    return Rollout(
-        sequence_ids=torch.cat([encoded.input_ids.repeat_interleave(group_size, dim=0), episode_ids], dim=1),
-        attention_mask=torch.cat([encoded.attention_mask.repeat_interleave(group_size, dim=0), episode_mask], dim=1),
-        action_mask=action_mask,
-        rewards=rewards,
-        terms=terms,
-        completions=completions,
-        transcripts=transcripts,
-        tool_calls=count("tool_calls"),
-        tool_errors=count("tool_errors"),
-        result_tokens=count("result_tokens"),
-        turns=count("turns"),
-    )
+    prompt_ids, prompt_mask = (x.repeat_interleave(group_size, dim=0) for x in (encoded.input_ids, encoded.attention_mask))
+    return Rollout(sequence_ids=torch.cat([prompt_ids, episode_ids], dim=1), attention_mask=torch.cat([prompt_mask,
+                   episode_mask], dim=1), action_mask=action_mask, rewards=rewards, terms=terms, completions=completions,
+                   transcripts=transcripts, **{name: torch.tensor([getattr(e, name) for e in episodes])  # [B] each
+                                               for name in ("tool_calls", "tool_errors", "result_tokens", "turns")})
 
 # ---- Advantages ----
 
@@ -445,8 +389,7 @@ def masked_mean(x, mask, dim=None):
     mask = mask.to(x.dtype)
     return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
 
-def sequence_log_probs(model, input_ids, attention_mask, num_actions=None, temperature=1.0, action_mask=None,
-                       plain=False):
+def sequence_log_probs(model, input_ids, attention_mask, num_actions=None, temperature=1.0, action_mask=None, plain=False):
     """Per-token log-probs [B, T] of the last T = num_actions tokens (the episode) under the policy at the sampling
     temperature T, pi = softmax(logits / T), and its entropy at each (logged, no gradient); 0 where masked:
         log pi(a_t | s_t) = log_softmax(logits_t / T)[a_t],   H_t = -sum_a pi(a | s_t) log pi(a | s_t)
@@ -454,8 +397,7 @@ def sequence_log_probs(model, input_ids, attention_mask, num_actions=None, tempe
     fast_log_probs, the same numbers without that tensor (only the action rows reach the output layer, in chunks,
     a group's prompt once, the gradient written out): test_fast_log_probs_equal_the_plain_form holds the two
     equal, values and gradients.
-    The action tokens are where action_mask [B, T] is 1 (default: wherever the attention mask is): in an episode,
-    the model's own turns, not the tool's results, which the body reads but the model did not choose."""
+    The actions are where action_mask [B, T] is 1 (default: the attention mask): the model's turns, not tool results."""
     num_actions = num_actions or input_ids.shape[1] - 1
     if not plain:
         return fast_log_probs(model, input_ids, attention_mask, num_actions, temperature, action_mask)
@@ -564,15 +506,14 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
 
 @torch.no_grad()
 def evaluate(model, tokenizer, tasks, args, score):
-    """Greedy accuracy (the share of exactly right answers), format rate and calculator calls per episode on held-out
-    tasks."""
+    """Greedy accuracy (the share of exactly right answers), format rate and calls per episode on held-out tasks."""
     model.eval()
     with sampling_weights(model, args):  # 4-bit weights dequantized once, not at every token
         result = rollout(model, tokenizer, tasks, group_size=1, max_length=args.max_length, temperature=0,
                          generation_batch_size=args.generation_batch_size, score=score, max_turns=args.max_turns)
     return {"eval/accuracy": (result.terms["correctness"] == 1).float().mean().item(),
-            "eval/format_rate": result.terms["format"].mean().item(),
-            "eval/tool_calls_per_episode": result.tool_calls.float().mean().item()}
+            "eval/tool_calls_per_episode": result.tool_calls.float().mean().item(),
+            "eval/format_rate": result.terms["format"].mean().item()}
 
 # ---- The training loop ----
 
@@ -649,8 +590,9 @@ def run(args):
 
 # ---- Plumbing: nothing below this line changes the algorithm ----
 
-import ast, csv, decimal, fcntl, functools, glob, hashlib, inspect, json, logging, operator, os, pickle, pkgutil  # noqa: E401,E402
-import resource, shutil, signal, tempfile, threading, warnings, weakref  # noqa: E401,E402
+import csv, decimal, fcntl, functools, glob, hashlib, inspect, json, logging, os, pickle, pkgutil, resource  # noqa: E401,E402
+import shutil, signal, tempfile, threading, warnings, weakref  # noqa: E401,E402
+import ast, operator  # noqa: E401,E402  (the calculator)
 import urllib3  # noqa: E402
 
 CACHE_DIR = Path(os.environ.get("TINY_GRPO_CACHE", Path.home() / ".cache" / "tiny-grpo"))
@@ -818,7 +760,7 @@ def complete_args(args, parser):
             setattr(args, name, gpu if args.device.startswith("cuda") else cpu)
     if args.generation_batch_size is None:  # the whole step at once
         args.generation_batch_size = args.rollouts_per_step * args.group_size
-    if args.eval_data_path is None:  # a hub id or folder has its own held-out split
+    if args.eval_data_path is None:  # a hub id or folder has its own held-out split; a file is evaluated on the task's
         args.eval_data_path = args.data_path if has_splits(args.data_path) else "data/tool_tasks_eval.jsonl"
     if args.updates_per_step > args.rollouts_per_step * args.group_size:
         parser.error(f"--updates-per-step {args.updates_per_step}: a step has only {args.rollouts_per_step * args.group_size} "
@@ -1409,8 +1351,7 @@ def free_memory(device):
 
 def load_inputs(args):
     """(Scorer, training tasks, held-out tasks): a bad data file or reward option fails before the model loads."""
-    score = Scorer(args.reward_weights, args.reward_fn, args.reward_url, args.reward_timeout,
-                   custom_timeout=args.reward_fn_timeout)
+    score = Scorer(args.reward_weights, args.reward_fn, args.reward_url, args.reward_timeout, custom_timeout=args.reward_fn_timeout)
     train_tasks = load_tasks(args.data_path, args.prompt_key, args.answer_key, args.filter, args.max_prompts,
                              args.data_config, args.data_split)
     eval_tasks = []
@@ -1456,7 +1397,8 @@ def load_tasks(path, prompt_key="question", answer_key="answer", filters=(), max
                 seen[field].setdefault(filter_text(row[field]))
         if all(filter_matches(row[field], values) for field, values in wanted.items()):
             metadata = {k: v for k, v in row.items() if k not in (prompt_key, answer_key)}
-            tasks.append({"question": as_text(row[prompt_key]), "answer": as_text(row[answer_key]), "metadata": metadata})
+            answer = as_text(row[answer_key])
+            tasks.append({"question": as_text(row[prompt_key]), "answer": answer, "metadata": metadata})
         if max_rows is not None and len(tasks) >= max_rows:
             break
     if not tasks:
@@ -1716,6 +1658,38 @@ def next_prompts(tasks, count, position, seed):
 
 # -- rewards: answer parsing, weights, your function, a reward service
 
+class OutsideTerms:
+    """The reward terms from outside the file: --reward-fn's function (custom), each call timed, and --reward-url's
+    service (remote), asked once at the start (a run fails now, not an hour in). Each weighs 1 unless
+    --reward-weights says otherwise."""
+
+    def __init__(self, reward_fn, custom_timeout, url, timeout, retries, weights):
+        self.custom = load_reward_fn(reward_fn, custom_timeout) if reward_fn else None
+        self.url, self.timeout, self.retries = url, timeout, retries
+        if self.custom:
+            weights.setdefault("custom", 1.0)
+        if self.url:
+            weights.setdefault("remote", 1.0)
+            remote_rewards(self.url, [], [], [], timeout, retries)
+
+    def __call__(self, completions, answers, metadata):
+        terms = {}
+        if self.custom:
+            terms["custom"] = [self.custom(c, a, m) for c, a, m in zip(completions, answers, metadata)]
+        if self.url:
+            terms["remote"] = remote_rewards(self.url, completions, answers, metadata, self.timeout, self.retries)
+        return terms
+
+def chat_prompt(tokenizer, messages):
+    """The chat template's prompt for messages, a system turn first; a template that refuses a system turn gets its
+    text at the start of the first user turn."""
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception:
+        system, first, *rest = messages
+        first = {"role": "user", "content": f"{system['content']}\n\n{first['content']}"}
+        return tokenizer.apply_chat_template([first, *rest], tokenize=False, add_generation_prompt=True)
+
 def parse_weights(text):
     """'correctness=2,format=1' -> {'correctness': 2.0, 'format': 1.0}, on top of the defaults."""
     weights = {}
@@ -1893,11 +1867,10 @@ def within(seconds, function, *args):
 # -- the calculator tool: arithmetic on a parsed expression tree, never eval, bounded everywhere
 
 # A call is <calculator>expression</calculator> in the model's turn; its result goes back as <result>text</result>.
-# The expression is parsed by Python's parser (ast.parse) and the tree is walked here: numbers, + - * / // % **,
-# unary minus and plus, parentheses, and the functions below are evaluated; anything else (a name, an attribute,
-# a string, a comprehension, a lambda, a call of another function) is refused. Nothing reaches eval or exec.
-# Whatever could make it slow or huge is bounded, and every refusal or failure is an "error: ..." text that goes
-# back to the model as the call's result: a tool call never raises.
+# The expression is parsed by Python's parser (ast.parse) and the tree walked here: numbers, + - * / // % **, unary
+# minus and plus, parentheses and the functions below are evaluated; anything else (a name, an attribute, a string, a
+# comprehension, a lambda, a call of another function) is refused: nothing reaches eval or exec. Whatever could make
+# it slow or huge is bounded; a refusal or failure is an "error: ..." text, the call's result: a call never raises.
 
 CALCULATOR_MAX_CHARS = 200  # a longer expression is refused before it is parsed
 CALCULATOR_MAX_NESTING = 10  # parentheses (function calls included) nested deeper are refused
@@ -2066,6 +2039,19 @@ def ends_with_stop_string(tokenizer, tokens, finished):
     hit = torch.zeros_like(finished)
     hit[running] = torch.tensor([any(stop in text for stop in STOP_STRINGS) for text in texts], dtype=torch.bool).to(hit.device)
     return hit
+
+def play_in_batches(model, tokenizer, encoded, group_size, max_length, temperature, top_p, generation_batch_size, max_turns):
+    """play_episodes() on slices of the prompts, group_size x the slice at most generation_batch_size rows (their KV
+    cache is the largest part of the memory): the episodes, and their ids, attention and action masks [B*G, T], padded."""
+    count = encoded.input_ids.shape[0]
+    at_once = max(1, (generation_batch_size or count * group_size) // group_size)
+    pieces = [play_episodes(model, tokenizer, encoded.input_ids[i : i + at_once], encoded.attention_mask[i : i + at_once],
+                            group_size, max_length, temperature, top_p, max_turns) for i in range(0, count, at_once)]
+    episodes = [episode for piece in pieces for episode in piece]
+    width = max(len(e.ids) for e in episodes)  # episodes end at different lengths
+    padded = lambda values, fill: pad_right(torch.tensor([values], device=encoded.input_ids.device), width, fill)  # noqa: E731
+    return (episodes, torch.cat([padded(e.ids, tokenizer.pad_token_id) for e in episodes]),
+            torch.cat([padded([1] * len(e.ids), 0) for e in episodes]), torch.cat([padded(e.actions, 0) for e in episodes]))
 
 def pad_right(x, width, value):
     return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
@@ -2428,13 +2414,12 @@ def step_metrics(result, rewards, stats, rollout_seconds, seconds, memory):
         "rollout/format_rate": result.terms["format"].mean().item(),
         "rollout/accuracy": (result.terms["correctness"] == 1).float().mean().item(),
         **{f"rollout/reward_{name}": values.mean().item() for name, values in result.terms.items()},
-        "rollout/completion_length": generated / len(result.completions),  # the model's own tokens
+        "rollout/completion_length": generated / len(result.completions),
         "rollout/tool_calls_per_episode": result.tool_calls.float().mean().item(),
         "rollout/tool_errors": result.tool_errors.float().mean().item(),  # per episode
-        # calls that ran without error / calls (0 in a step without calls)
-        "rollout/tool_success_rate": (calls - result.tool_errors.sum().item()) / max(1, calls),
+        "rollout/tool_success_rate": (calls - result.tool_errors.sum().item()) / max(1, calls),  # 0 without calls
         "rollout/turns_per_episode": result.turns.float().mean().item(),
-        "rollout/result_tokens": result.result_tokens.float().mean().item(),  # per episode
+        "rollout/result_tokens": result.result_tokens.float().mean().item(),  # per episode (completion_length: the model's own)
         "rollout/zero_spread_groups": (rewards.max(1).values == rewards.min(1).values).float().mean().item(),
         **{f"train/{k}": v for k, v in stats.items()},
         "perf/step_seconds": seconds,
