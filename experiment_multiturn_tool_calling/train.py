@@ -175,16 +175,11 @@ NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
 
 def parse_number(text):
     """The last number in a text, exactly: '1,234' '12.0' '$5' '7.' '12 apples' '\\boxed{42}' '-3' '1/2'."""
-    if text is None:
-        return None
-    text = re.sub(r"(?<=\d),(?=\d{3}\b)", "", text)  # thousands separators
-    for number in reversed(NUMBER.findall(text)):
-        if len(number) > 100:  # no answer here has 100 digits; a longer one costs seconds to compare (or raises)
-            continue
-        try:
-            return Fraction(number)
-        except ZeroDivisionError:
-            continue
+    numbers = NUMBER.findall(re.sub(r"(?<=\d),(?=\d{3}\b)", "", text or ""))  # without thousands separators
+    for number in reversed(numbers):  # no answer has 100 digits; a longer one costs seconds to compare (or raises)
+        numerator, _, denominator = number.partition("/")  # '1.5/2' is 3/4 (Fraction takes no decimal over a number)
+        if len(number) <= 100 and int(denominator or 1) != 0:  # a/0 is no number
+            return Fraction(numerator) / int(denominator or 1)
     return None
 
 def correctness(completion, answer):

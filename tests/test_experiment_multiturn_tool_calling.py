@@ -168,6 +168,12 @@ def encode(tokenizer, text):
     return tokenizer(text, add_special_tokens=False).input_ids
 
 
+def test_a_decimal_over_a_number_is_an_answer_not_a_crash(tool):
+    """'<answer> 1.5/2 </answer>' raised ValueError inside the reward and stopped the run; it is 3/4 now."""
+    assert tool.parse_number("1.5/2") == 0.75 and tool.parse_number("98.6/0") is None
+    assert tool.correctness("<answer> 1.5/2 </answer>", "0.75") == 1.0
+
+
 def test_two_call_episode_masks_token_by_token(tiny_tool, monkeypatch):
     tool, model, tokenizer = tiny_tool
     turns = [
