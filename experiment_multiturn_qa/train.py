@@ -1,8 +1,7 @@
 """GRPO with multi-turn rollouts and a search tool over a corpus: the multi-turn QA experiment of tiny-grpo.
 
-The model answers questions about documents it has never seen (data/qa: invented people, towns, organisations).
-It may search them (up to --max-turns times) before it answers. Generation pauses at a closed search call, the
-script retrieves the top-k passages and appends them, and generation resumes:
+The model answers questions about documents it has never seen (data/qa: invented people, towns, organisations),
+searching them up to --max-turns times: at a closed search call, the script appends the top-k passages and resumes:
 
     In which town was Grepeirk Gaepouv born?       the prompt (after the instructions and two examples)
     <search> Grepeirk Gaepouv </search>            turn 1, the model's: generation pauses at </search>
@@ -16,22 +15,18 @@ script retrieves the top-k passages and appends them, and generation resumes:
 Group Relative Policy Optimization (DeepSeekMath, arXiv:2402.03300) in one file. The algorithm comes first, to be
 read top to bottom; below the line "Plumbing" is what keeps a run safe and its errors clear (the other options and
 their checks, data files, GGUF conversion, checkpoints, logging, Ctrl-C, the reward service), none of which changes
-what is computed. The search tool's details are there too (parsing a call, cutting passages, the index; search.py
-ranks passages).
+what is computed.
+The search tool is there too (its options, parsing a call, cutting passages, the index; search.py ranks passages).
 
-  configuration     parse_args: the GRPO options, --max-turns among them (the rest, below the banner, join the same
-                    --help: the search tool's --corpus-dir, --retriever, --top-k, --passage-chars)
+  configuration     parse_args: the GRPO options (the rest, below the banner, join the same --help)
   model             load_model: 4-bit NF4 + LoRA; pi_ref is the same model with the adapter off
-  prompts, rewards  two worked examples in every prompt; r = sum_k w_k term_k: correctness (1; else token-F1 credit),
-                    format (0), retrieval (0.2), search_cost (-0.1)
-  rollout           G episodes per prompt, sampled from pi_old = softmax(logits / T): a closed search call pauses
-                    one, the top-k passages are appended (action mask 0 on them: never trained on), and it resumes
+  prompts, rewards  r = sum_k w_k term_k: correctness (1; else token-F1 credit), format (0), retrieval (0.2), search_cost (-0.1)
+  rollout           G episodes per prompt, sampled from pi_old = softmax(logits / T), as above (passages: action mask 0)
   advantages        A_i = (r_i - mean(r)) / (std(r) + eps) within each group of G
   loss              L = mean_i mean_t [-min(rho A_i, clip(rho, 1 - eps, 1 + eps) A_i) + beta KL_t],
                     rho = pi_theta / pi_old, KL_t = exp(ref - logp) - (ref - logp) - 1 (k3)
   train_step        a step = --epochs-per-step passes x --updates-per-step optimizer updates x micro-batches
-  run               the loop: prompts -> rollout -> advantages -> train_step -> log, evaluate, checkpoint;
-                    also logs searches and turns per episode, and retrieval recall
+  run               the loop: prompts -> rollout -> advantages -> train_step -> log, evaluate, checkpoint
 
     python experiment_multiturn_qa/train.py                    # Llama-3.2-1B on CUDA, packaged Gemma-3-270M on CPU
     python experiment_multiturn_qa/train.py --help
@@ -56,10 +51,9 @@ DEVICE_DEFAULTS = dict(  # the options whose default depends on the device: (on 
     model_name=(GPU_MODEL, CPU_MODEL), quantization=("4bit", "none"), group_size=(8, 4), rollouts_per_step=(16, 4),
     max_length=(512, 128), max_steps=(500, 50), lr=(2e-5, 1e-4), eval_prompts=(200, 20),
     generation_batch_size=(256, None), top_k=(3, 1), temperature=(1.0, 0.7))
-# On CUDA: TRL's num_generations (8) and max_completion_length (512), 16 prompts: about 25 s a step on an H100 by our
-# estimate, 500 steps in an evening, where 32 x 16 x 1,024 took 223 s (docs/results/verified.md).
-# On CPU, Gemma-3-270M: of several passages it copies an answer from the last, while the best comes first (top_k 1);
-# at T 0.7 it samples the exact answer 3 times as often as at T 1, so more groups differ (experiment README).
+# CUDA: TRL's num_generations (8) and max_completion_length (512), 16 prompts (about 25 s a step on an H100, estimated).
+# CPU: Gemma-3-270M copies an answer from the last of several passages, while the best comes first (top_k 1); at
+# T = 0.7 it samples the exact answer 3 times as often as at T = 1, so more groups differ (experiment README).
 MAX_TURNS = 3  # searches per episode, by default
 
 def parse_args(argv=None):
@@ -74,8 +68,8 @@ def parse_args(argv=None):
                    "episode, all turns together (retrieved passages do not count)"))
     g.add_argument("--max-turns", type=integer("[0, inf)"), default=MAX_TURNS,
                    help="searches per episode; the model answers in the turn after the last (0: no search)")
-    g.add_argument("--temperature", type=real("[0.001, 1000]"), **by_device("temperature", "sampling temperature T; pi_theta, pi_old and "
-                   "pi_ref are all taken at T, softmax(logits / T), the distribution the sampler drew from"))
+    g.add_argument("--temperature", type=real("[0.001, 1000]"), **by_device("temperature", "sampling temperature T; "
+                   "pi_theta, pi_old and pi_ref are all taken at T, softmax(logits / T), the distribution the sampler drew from"))
     g.add_argument("--top-p", type=real("(0, 1]"), default=1.0, help="nucleus sampling; 1.0 samples the full distribution")
     g.add_argument("--lr", type=real("(0, 1]"), **by_device("lr", "learning rate"))
     g.add_argument("--warmup-steps", type=integer("[0, inf)"), default=0, help="linear learning-rate warm-up over this "
@@ -135,31 +129,21 @@ def reference_policy(model, reference=None):
 
 # ---- Prompts and rewards ----
 
-def system_prompt():
-    """How to search and how to answer (the README documents the same)."""
-    return (
-        "A conversation between User and Assistant. The user asks a question and the Assistant solves it. "
-        "The Assistant can search a collection of documents: it writes a search query in <search> </search> tags "
-        "and the best passages come back in <information> </information> tags. The Assistant may search several "
-        "times, then gives the final answer, a short phrase, in <answer> </answer> tags."
-    )
+def system_prompt():  # how to search and how to answer (the README documents the same)
+    return ("A conversation between User and Assistant. The user asks a question and the Assistant solves it. The "
+            "Assistant can search a collection of documents: it writes a search query in <search> </search> tags and "
+            "the best passages come back in <information> </information> tags. The Assistant may search several times, "
+            "then gives the final answer, a short phrase, in <answer> </answer> tags.")
 
 def format_prompt(tokenizer, question):
     """The chat template when the tokenizer has one, else a plain R1-Zero style template; either way the worked
     examples (EXAMPLES, below the banner) come first, as earlier exchanges: a base model copies a format it has seen
-    in the dialogue far more often than one it is told about (Gemma-3-270M, untrained: 0.38 searches per episode
-    instead of 0). The episode's later turns and retrieved passages go inside the assistant's message (see the
-    rollout)."""
+    far more often than one it is told about (Gemma-3-270M, untrained: 0.38 searches per episode instead of 0)."""
     instructions = system_prompt()
-    examples = [{"role": role, "content": text} for pair in EXAMPLES for role, text in zip(("user", "assistant"), pair)]
+    shown = [{"role": role, "content": text} for pair in EXAMPLES for role, text in zip(("user", "assistant"), pair)]
     if getattr(tokenizer, "chat_template", None):
-        messages = [{"role": "system", "content": instructions}, *examples, {"role": "user", "content": question}]
-        try:
-            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        except Exception:  # some templates refuse a system turn: fold it into the user's
-            examples[0] = {"role": "user", "content": f"{instructions}\n\n{EXAMPLES[0][0]}"}
-            messages = [*examples, {"role": "user", "content": question}]
-            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        messages = [{"role": "system", "content": instructions}, *shown, {"role": "user", "content": question}]
+        return chat_prompt(tokenizer, messages)  # (a template that refuses a system turn: it joins the first user turn)
     dialogue = "".join(f"\nUser: {q}\nAssistant: {episode}" for q, episode in EXAMPLES)
     return f"{instructions}{dialogue}\nUser: {question}\nAssistant:"
 
@@ -167,32 +151,20 @@ def add_prompts(model, tokenizer, args, train_tasks, eval_tasks, search=None):
     """Give every task {"question", "answer", "metadata"} its formatted prompt."""
     for task in train_tasks + eval_tasks:
         task["prompt"] = format_prompt(tokenizer, task["question"])
-    # a prompt too long for the model, or more passages than fit beside it, stops the run now
-    check_context(model, tokenizer, args, train_tasks, eval_tasks, search)
+    check_context(model, tokenizer, args, train_tasks, eval_tasks, search)  # a prompt or passages too long stop the run now
 
 # The reward is a weighted sum of terms, each in [0, 1] and each logged on its own (their code follows):
-#   correctness  1 for an exact match of the last <answer> after normalisation (SQuAD's: lower case, no
-#                punctuation, no articles); else F1_CREDIT x the token F1 of answer and reference, in [0, 0.5]
-#   format       the model's words are its searches (any text between them), then one non-empty
-#                <answer> ... </answer> that ends the episode; every search closed and not nested; no
-#                <information> tags written by the model itself (only the tool writes those)
-#   retrieval    1 when a passage that the model's own searches brought back contains the answer: credit for
-#                a good query before the model can answer (a process reward: it reads the reference answer;
-#                --reward-weights retrieval=0 leaves the outcome alone)
-#   search_cost  the searches beyond the first, as a fraction of the extra searches allowed:
-#                (searches - 1) / (max_turns - 1), in [0, 1]; weighted negatively, so each search beyond the
-#                first costs 0.1 / (3 - 1) = 0.05 with the defaults
+#   correctness  the last <answer> equals the reference, both normalised (1), else F1_CREDIT x their token F1; empty: 0
+#   format       the model's searches, then one non-empty <answer> ... </answer> that ends the episode
+#   retrieval    a passage the model's searches brought back holds the answer (a process reward; retrieval=0 drops it)
+#   search_cost  the searches beyond the first, a fraction of the extra searches allowed (weighted negatively)
 #   custom       --reward-fn, a function of yours;  remote: --reward-url, an HTTP reward service
-# The terms read the model's own words (its turns, without the retrieved passages) and the episode's search record
-# (in the row's metadata). An empty answer earns nothing: empty tags cannot win reward.
-# format 0: at 0.1 or even 0.05, Gemma-3-270M learned within 2-7 steps to answer at once, unsearched, for the sure
-# format credit; with 0 it learned to search every episode (experiment README). The term is still logged.
+# format 0: at 0.1 or 0.05 Gemma-3-270M learned in 2-7 steps to answer unsearched, at 0 to search (experiment README)
 DEFAULT_REWARD_WEIGHTS = "correctness=1,format=0,retrieval=0.2,search_cost=-0.1"
 REWARD_TERMS = ("correctness", "format", "retrieval", "search_cost", "custom", "remote")
 
 def reward_terms(completion, answer, metadata=None, max_turns=MAX_TURNS):
-    """The built-in reward terms of one episode, each in [0, 1]: its model-written text, and its metadata,
-    which holds the search record ('searches', 'answer_retrieved') that the rollout adds."""
+    """The built-in reward terms of one episode, each in [0, 1]: its model's words, its search record (metadata)."""
     metadata = metadata or {}
     return {
         "correctness": correctness(completion, answer),
@@ -222,9 +194,8 @@ def correctness(completion, answer):
     return F1_CREDIT * token_f1(predicted, answer)
 
 def format_score(completion):
-    """1 when the model's words are its searches, then one non-empty '<answer> ... </answer>' that ends the
-    episode; else 0. The text around the searches is free (reasoning), but every <search> is closed, none is
-    nested or empty, and the model writes no <information> tags: those are the tool's."""
+    """1 when the model's words are its searches, then one non-empty '<answer> ... </answer>' that ends the episode,
+    else 0: text around the searches is free, but no <search> is unclosed, nested or empty, and no <information>."""
     match = re.fullmatch(r"(.*?)<answer>(.*?)</answer>\s*", completion, re.DOTALL)
     if not match or completion.count("<answer>") != 1 or completion.count("</answer>") != 1:
         return 0.0
@@ -240,25 +211,15 @@ def search_cost(metadata, max_turns=MAX_TURNS):
 class Scorer:
     """Completions -> rewards [B], r = sum_k w_k term_k, and the terms {k: [B]}, for the options of a run."""
 
-    def __init__(self, weights="", reward_fn=None, reward_url=None, timeout=30.0, retries=3, max_turns=MAX_TURNS,
-                 custom_timeout=60.0):
+    def __init__(self, weights="", reward_fn=None, reward_url=None, timeout=30.0, retries=3, max_turns=MAX_TURNS, custom_timeout=60.0):
         self.max_turns = max_turns  # the search cost is a fraction of the extra searches allowed
         self.weights = parse_weights(weights)  # the defaults, with --reward-weights over them
-        self.custom = load_reward_fn(reward_fn, custom_timeout) if reward_fn else None  # each call timed
-        self.url, self.timeout, self.retries = reward_url, timeout, retries
-        if self.custom:
-            self.weights.setdefault("custom", 1.0)
-        if self.url:
-            self.weights.setdefault("remote", 1.0)
-            remote_rewards(self.url, [], [], [], timeout, retries)  # fail now, not an hour into the run
+        self.outside = OutsideTerms(reward_fn, custom_timeout, reward_url, timeout, retries, self.weights)
 
     def __call__(self, completions, answers, metadata):
         rows = [reward_terms(c, a, m, self.max_turns) for c, a, m in zip(completions, answers, metadata)]
         terms = {name: [row[name] for row in rows] for name in rows[0]} if rows else {}
-        if self.custom:
-            terms["custom"] = [self.custom(c, a, m) for c, a, m in zip(completions, answers, metadata)]
-        if self.url:
-            terms["remote"] = remote_rewards(self.url, completions, answers, metadata, self.timeout, self.retries)
+        terms.update(self.outside(completions, answers, metadata))  # custom and remote, where used
         terms = {name: torch.tensor(values, dtype=torch.float32) for name, values in terms.items()}
         rewards = total_reward(terms, self.weights)
         check_finite(rewards, terms, completions, answers)  # a reward of inf or nan stops the run, naming the completion
@@ -266,18 +227,13 @@ class Scorer:
 
 # ---- Rollout: G episodes per prompt, sampled from pi_old, the search tool run between turns ----
 
-# A turn ends at EOS, at its closing answer tag, where a base model starts writing the user's next turn, or at a
-# closed search call: then the script retrieves passages, appends them, and the model takes another turn.
-STOP_STRINGS = ("</answer>", "\nUser:", "</search>")
+STOP_STRINGS = ("</answer>", "\nUser:", "</search>")  # a turn also ends at the user's next turn, or at a search call
 
 # An episode is the model's turns and the retrieved passages, interleaved, after the prompt:
 #   prompt | turn 1 ... </search> | <information>...</information> | turn 2 ... </search> | <information>... | turn 3 ... </answer>
 #   action mask:   1 1 ... 1      |  0 0 ...                    0  |  1 1 ...          1 |  0 ...            |  1 ...            1
-# A turn ends like a base completion (EOS, a stop string, the budget) or at a closed search call, which is run
-# while the episode has searches left (--max-turns) and budget left to use the passages; anything else ends the
-# episode. --max-length counts the model's own tokens over all its turns; passages do not count against it (their
-# length is bounded by --top-k and --passage-chars). Each <information> block is tokenized once and its ids
-# appended as they are, so the mask is exact: nothing is re-derived from decoded text.
+# A closed search call runs while the episode has searches (--max-turns) and budget left (the model's own tokens; the
+# passages' are bounded by --top-k and --passage-chars); each <information> block is tokenized once: the mask is exact.
 INFORMATION = "\n<information>\n{}\n</information>\n"  # around format_passages' "Doc 1 (id):\ntext\n\nDoc 2 ..."
 
 @dataclass
@@ -296,15 +252,13 @@ class Rollout:
     search_seconds: float  # time spent searching, all batches together
 
 @dataclass
-class Episode:
-    """One row's episode while it is played."""
+class Episode:  # one row's, while it is played
     ids: list = field(default_factory=list)  # token ids after the prompt: the model's turns and the passages
     actions: list = field(default_factory=list)  # 1 where the model chose the token, 0 on retrieved text
     turns: int = 0
     queries: list = field(default_factory=list)  # one per search run
     passages: list = field(default_factory=list)  # the text of every passage shown to the model
     information_tokens: int = 0
-    done: bool = False
 
 def sample_token(logits, temperature, top_p, uniforms=None):
     """One token per row from softmax(logits / T), within the nucleus top_p. temperature 0 is greedy. uniforms
@@ -346,24 +300,20 @@ def sample(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, te
     return torch.stack(tokens, dim=1), torch.stack(actions, dim=1).long()
 
 def add_turn(episode, turn, tokenizer, stop_ids, max_length, max_turns):
-    """Append one model turn (its sampled token ids) to an episode. Returns the query of the search call the turn
-    ends with, when that search may run; otherwise None, and the episode is done."""
+    """Append one model turn (its sampled token ids) to an episode; return the query of the search call it ends with,
+    when that may run, else None: the episode is done (an answer, EOS, the budget spent, no searches left, no call)."""
     room = max_length - sum(episode.actions)  # --max-length counts the model's own tokens only
     turn = turn[:room]  # a batch samples up to its largest budget: each row stops at its own
     episode.ids += turn
     episode.actions += [1] * len(turn)
     episode.turns += 1
-    query = None
-    if turn[-1] not in stop_ids and len(turn) < room and len(episode.queries) < max_turns:
-        query = find_search_call(tokenizer.decode(turn, skip_special_tokens=True))
-    episode.done = query is None  # an answer, EOS, the budget spent, no searches left, or no closed call
-    return query
+    may_search = turn[-1] not in stop_ids and len(turn) < room and len(episode.queries) < max_turns
+    return find_search_call(tokenizer.decode(turn, skip_special_tokens=True)) if may_search else None
 
 def add_information(episodes, queries, search, tokenizer):
     """One batched search for the paused episodes; each gets its <information> block appended."""
     found = search(queries) if search else [[] for _ in queries]  # no search tool: every search finds nothing
-    blocks = tokenizer([INFORMATION.format(format_passages(passages)) for passages in found],
-                       add_special_tokens=False).input_ids  # tokenized once, here
+    blocks = tokenizer([INFORMATION.format(format_passages(passages)) for passages in found], add_special_tokens=False).input_ids
     for episode, query, passages, ids in zip(episodes, queries, found, blocks):
         episode.ids += ids
         episode.actions += [0] * len(ids)  # the retriever's tokens: in the context, never actions
@@ -371,27 +321,19 @@ def add_information(episodes, queries, search, tokenizer):
         episode.passages += [p.text for p in passages]
         episode.information_tokens += len(ids)
 
-def play_episodes(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, temperature, top_p, search,
-                  max_turns):
-    """Play group_size episodes for each prompt of one generation batch; row i*G+j is the j-th of prompt i.
-    Returns the episodes and the seconds spent searching.
-
-    Turn 1 is the base's sampling: each prompt prefilled once, its KV cache shared by its group. The episodes
-    that paused at a search get their passages from one batched search. Each later turn prefills the whole
-    context so far (prompt, turns, passages) of every episode still running, left-padded into one batch, and
-    samples again: finished episodes drop out, the others advance together."""
+def play_episodes(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, temperature, top_p, search, max_turns):
+    """Play group_size episodes for each prompt of one generation batch (row i*G+j the j-th of prompt i): the episodes
+    and the seconds spent searching. Turn 1 is sample() of the prompts; then, after one batched search for the paused
+    episodes, the whole context so far of each (prompt, turns, passages) is prefilled, left-padded, and sampled again."""
     stop_ids = stop_token_ids(model, tokenizer)
     prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
     episodes = [Episode() for _ in range(len(prompts) * group_size)]
     running, search_seconds = list(range(len(episodes))), 0.0
     ids, actions = sample(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, temperature, top_p)
     while True:
-        paused = {}  # row -> the query its turn ended with
-        for row, turn_ids, turn_actions in zip(running, ids, actions):
-            query = add_turn(episodes[row], turn_ids[turn_actions.bool()].tolist(), tokenizer, stop_ids, max_length,
-                             max_turns)
-            if query is not None:
-                paused[row] = query
+        queries = [add_turn(episodes[row], turn_ids[turn_actions.bool()].tolist(), tokenizer, stop_ids, max_length, max_turns)
+                   for row, turn_ids, turn_actions in zip(running, ids, actions)]
+        paused = {row: query for row, query in zip(running, queries) if query is not None}  # the rows that search
         running = list(paused)
         if not running:  # every turn ends an episode or runs one of its searches: at most max_turns + 1 turns
             return episodes, search_seconds
@@ -408,17 +350,14 @@ def play_episodes(model, tokenizer, prompt_ids, prompt_mask, group_size, max_len
 def rollout(model, tokenizer, tasks, group_size, max_length, temperature=1.0, top_p=1.0, generation_batch_size=None,
             score=None, search=None, max_turns=MAX_TURNS):
     """Play group_size episodes for each task {"prompt", "answer", "metadata"}, searching with search(queries) ->
-    passages per query (default: no search tool, every search finds nothing), and score them with
-    score(completions, answers, metadata), by default Scorer(); each row's metadata gains its search record:
-    searches, queries, turns, answer_retrieved. Row i*G+j is the j-th episode of tasks[i]."""
+    passages per query (None: every search finds nothing), each row's metadata gaining its search record, and score them with
+    score(completions, answers, metadata), by default Scorer(). Row i*G+j is the j-th completion of tasks[i]."""
     device = next(model.parameters()).device
     prompts = [task["prompt"] for task in tasks]
     has_bos = bool(tokenizer.bos_token) and prompts[0].startswith(tokenizer.bos_token)  # chat templates add it
     encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=not has_bos).to(device)
-    prompts_at_once = max(1, (generation_batch_size or len(prompts) * group_size) // group_size)
-    pieces = [play_episodes(model, tokenizer, encoded.input_ids[i : i + prompts_at_once], encoded.attention_mask[i : i + prompts_at_once],
-                            group_size, max_length, temperature, top_p, search, max_turns) for i in range(0, len(prompts), prompts_at_once)]
-    episodes = [episode for played, _ in pieces for episode in played]
+    episodes, search_seconds = play_in_batches(model, tokenizer, encoded, group_size, max_length, temperature, top_p,
+                                               generation_batch_size, search, max_turns)  # at most this many rows at once
     width = max(len(e.ids) for e in episodes)  # episodes end at different lengths
     padded = lambda values, fill: pad_right(torch.tensor([values], device=device), width, fill)  # noqa: E731
     episode_ids = torch.cat([padded(e.ids, tokenizer.pad_token_id) for e in episodes])
@@ -432,20 +371,12 @@ def rollout(model, tokenizer, tasks, group_size, max_length, temperature=1.0, to
     records = [{**t.get("metadata", {}), "searches": len(e.queries), "queries": e.queries, "turns": e.turns,
                 "answer_retrieved": found} for t, e, found in zip(rows, episodes, retrieved)]
     rewards, terms = (score or Scorer(max_turns=max_turns))(completions, [t["answer"] for t in rows], records)
-    return Rollout(
-        sequence_ids=torch.cat([encoded.input_ids.repeat_interleave(group_size, dim=0), episode_ids], dim=1),
-        attention_mask=torch.cat([encoded.attention_mask.repeat_interleave(group_size, dim=0), episode_mask], dim=1),
-        action_mask=action_mask,
-        rewards=rewards,
-        terms=terms,
-        completions=completions,
-        transcripts=transcripts,
-        searches=torch.tensor([len(e.queries) for e in episodes]),
-        turns=torch.tensor([e.turns for e in episodes]),
-        answer_retrieved=torch.tensor(retrieved, dtype=torch.float32),
-        information_tokens=torch.tensor([e.information_tokens for e in episodes]),
-        search_seconds=sum(seconds for _, seconds in pieces),
-    )
+    prompt_ids, prompt_mask = (x.repeat_interleave(group_size, dim=0) for x in (encoded.input_ids, encoded.attention_mask))
+    return Rollout(sequence_ids=torch.cat([prompt_ids, episode_ids], dim=1), attention_mask=torch.cat([prompt_mask,
+                   episode_mask], dim=1), action_mask=action_mask, rewards=rewards, terms=terms, completions=completions,
+                   transcripts=transcripts, searches=torch.tensor([len(e.queries) for e in episodes]),
+                   turns=torch.tensor([e.turns for e in episodes]), answer_retrieved=torch.tensor(retrieved, dtype=torch.float32),
+                   information_tokens=torch.tensor([e.information_tokens for e in episodes]), search_seconds=search_seconds)
 
 # ---- Advantages ----
 
@@ -465,17 +396,14 @@ def masked_mean(x, mask, dim=None):
     mask = mask.to(x.dtype)
     return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
 
-def sequence_log_probs(model, input_ids, attention_mask, num_actions=None, temperature=1.0, action_mask=None,
-                       plain=False):
+def sequence_log_probs(model, input_ids, attention_mask, num_actions=None, temperature=1.0, action_mask=None, plain=False):
     """Per-token log-probs [B, T] of the last T = num_actions tokens (the episode) under the policy at the sampling
     temperature T, pi = softmax(logits / T), and its entropy at each (logged, no gradient); 0 where masked:
         log pi(a_t | s_t) = log_softmax(logits_t / T)[a_t],   H_t = -sum_a pi(a | s_t) log pi(a | s_t)
     Below, as plain PyTorch (plain=True). It holds [B, T, V] logits (V = 262,144 for Gemma-3); the run takes
     fast_log_probs, the same numbers without that tensor (only the action rows reach the output layer, in chunks,
     a group's prompt once, the gradient written out): test_fast_log_probs_equal_the_plain_form holds the two
-    equal, values and gradients.
-    The action tokens are where action_mask [B, T] is 1 (default: wherever the attention mask is): in an episode,
-    the model's own turns, not the retrieved passages, which the body reads but the model did not choose."""
+    equal, values and gradients. The actions: where action_mask [B, T] is 1 (default: the attention mask), no passages."""
     num_actions = num_actions or input_ids.shape[1] - 1
     if not plain:
         return fast_log_probs(model, input_ids, attention_mask, num_actions, temperature, action_mask)
@@ -591,13 +519,11 @@ def evaluate(model, tokenizer, tasks, args, score, search):
         result = rollout(model, tokenizer, tasks, group_size=1, max_length=args.max_length, temperature=0,
                          generation_batch_size=args.generation_batch_size, score=score, search=search, max_turns=args.max_turns)
     right = (result.terms["correctness"] == 1).float()
-    metrics = {"eval/accuracy": right.mean().item(), "eval/format_rate": result.terms["format"].mean().item(),
-               "eval/searches_per_episode": result.searches.float().mean().item(),
-               "eval/retrieval_recall": result.answer_retrieved.mean().item()}
-    hops = [str(task.get("metadata", {}).get("hops")) for task in tasks]
-    for kind in sorted(set(hops) - {"None"}):  # eval/accuracy_hops_1, eval/accuracy_hops_2
-        metrics[f"eval/accuracy_hops_{kind}"] = right[[h == kind for h in hops]].mean().item()
-    return metrics
+    hops = [str(task.get("metadata", {}).get("hops")) for task in tasks]  # data/qa: eval/accuracy_hops_1, _2
+    return {"eval/accuracy": right.mean().item(), "eval/format_rate": result.terms["format"].mean().item(),
+            "eval/searches_per_episode": result.searches.float().mean().item(),
+            "eval/retrieval_recall": result.answer_retrieved.mean().item(),
+            **{f"eval/accuracy_hops_{kind}": right[[h == kind for h in hops]].mean().item() for kind in sorted(set(hops) - {"None"})}}
 
 # ---- The training loop ----
 
@@ -660,16 +586,10 @@ def run(args):
                 stats = train_step(model, batch, args, optimizer, scheduler, reference, step)
                 step, position = step + 1, next_position
 
-            metrics = step_metrics(result, rewards, stats, rollout_seconds, time.perf_counter() - started, memory)
-            if args.log_completions_interval and step % args.log_completions_interval == 0:
-                logger.text("rollout/completions", sample_text(result, tasks, args.group_size), step)
+            seconds = rollout_seconds, time.perf_counter() - started
             if args.eval_interval and (step % args.eval_interval == 0 or step == args.max_steps):
                 evals[step] = evaluate(model, tokenizer, eval_tasks, args, score, search)
-                metrics.update(evals[step])
-            logger.scalars(metrics, step)
-            progress.update(1)
-            progress.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", kl=f"{stats.get('kl', 0):.4f}",
-                                 held_out=held_out(evals))
+            report(logger, progress, args, step, result, rewards, stats, seconds, memory, evals, tasks)  # TensorBoard
             if args.checkpoint_interval and step % args.checkpoint_interval == 0:
                 save()
         save()
@@ -805,11 +725,11 @@ def add_setup_options(p):
     g.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false", help="keep "
                    "activations instead of recomputing them (faster, more memory); gradient_checkpointing=%(default)s by default")
     g = p.add_argument_group("task, data and reward")
-    g.add_argument("--data-path", type=data_path, default="data/qa/questions.jsonl", help="training questions: a .jsonl, "
+    g.add_argument("--data-path", type=data_path, default="data/qa/questions.jsonl", help="training tasks: a .jsonl, "
                    ".json, .parquet or .csv file (or a glob of them, quoted), a dataset folder or a hub id (README: Data)")
     g.add_argument("--data-config", help="the configuration (subset) of a hub id or folder")
     g.add_argument("--data-split", type=split_name, default="train", help="the split to train on, of a hub id or folder")
-    g.add_argument("--eval-data-path", type=data_path, help="held-out questions, as --data-path; None: --data-path's "
+    g.add_argument("--eval-data-path", type=data_path, help="held-out tasks, as --data-path; None: --data-path's "
                    "--eval-split where --data-path is a hub id or folder, else data/qa/questions_eval.jsonl")
     g.add_argument("--eval-split", type=split_name, default="test", help="the held-out split, of a hub id or folder")
     g.add_argument("--prompt-key", default="question", help="the field (column) holding the question")
@@ -830,8 +750,7 @@ def add_setup_options(p):
     g.add_argument("--retriever", default="dense", choices=RETRIEVERS,
                    help="dense: all-MiniLM-L6-v2 embeddings in a faiss index (cached on disk); bm25: word overlap")
     g.add_argument("--top-k", type=integer("[1, inf)"), **by_device("top_k", "passages returned per search; refused "
-                   "before the run when --max-turns searches of them, the longest prompt and --max-length pass the "
-                   "model's context"))
+                   "before the run when --max-turns searches of them, the longest prompt and --max-length pass the model's context"))
     g.add_argument("--passage-chars", type=integer("[0, inf)"), default=PASSAGE_CHARS,
                    help="each passage shown to the model is cut to this many characters (0: whole passages)")
     g = p.add_argument_group("batching and seed: memory, speed and reproducibility, not the algorithm")
@@ -1461,10 +1380,8 @@ def load_inputs(args):
                                 args.data_config, args.eval_split)
     return score, train_tasks, eval_tasks
 
-# Two worked examples every prompt shows, as earlier exchanges: search the question, read the passage, answer.
-# They are written like the corpus (data/qa, whose names they do not use): Gemma-3-270M, untrained and given the
-# passage of a held-out question, copied the answer out of it in 0.4% of samples at T 1 after the earlier one-line
-# example with three passages shown, in 17% after these two with one passage shown (experiment README).
+# Every prompt's worked examples (search, read, answer), like data/qa without its names: Gemma-3-270M, untrained, copied
+# a held-out answer from its passage in 17% of samples at T = 1 after them, 0.4% after a one-line, 3-passage example.
 EXAMPLES = (
     ("What is the birthplace of Daulo Mirkens?",
      "<search> What is the birthplace of Daulo Mirkens? </search>\n<information>\nDoc 1 (person_9001#0):\n# Daulo Mirkens\n"
@@ -1513,7 +1430,8 @@ def load_tasks(path, prompt_key="question", answer_key="answer", filters=(), max
                 seen[field].setdefault(filter_text(row[field]))
         if all(filter_matches(row[field], values) for field, values in wanted.items()):
             metadata = {k: v for k, v in row.items() if k not in (prompt_key, answer_key)}
-            tasks.append({"question": as_text(row[prompt_key]), "answer": as_text(row[answer_key]), "metadata": metadata})
+            answer = as_text(row[answer_key])
+            tasks.append({"question": as_text(row[prompt_key]), "answer": answer, "metadata": metadata})
         if max_rows is not None and len(tasks) >= max_rows:
             break
     if not tasks:
@@ -1748,10 +1666,8 @@ def narrow_float(value, dtype):
     return float(str(getattr(numpy, dtype)(value)))
 
 def check_context(model, tokenizer, args, train_tasks, eval_tasks, search=None):
-    """Refuse what does not fit the model's context, before the run: it would fail (or be cut) mid-run. A question
-    whose prompt, with the completion budget, does not fit; and, given the search tool, a --top-k whose passages do
-    not: an episode holds its prompt, the model's turns (--max-length tokens over all of them) and the <information>
-    block of each of its --max-turns searches (play_episodes). The longest prompts are tokenized, not every one."""
+    """Refuse questions whose prompt, with the completion budget, does not fit the model's context: they would fail
+    (or be cut) mid-run. The longest are tokenized, not every one."""
     context = getattr(model.config, "max_position_embeddings", None)
     longest = 0
     for tasks, path in ((train_tasks, args.data_path), (eval_tasks, args.eval_data_path)):
@@ -1761,7 +1677,7 @@ def check_context(model, tokenizer, args, train_tasks, eval_tasks, search=None):
                 raise InputError(f"{path}: the question {task['question'][:80]!r}... makes a prompt of {tokens} tokens, "
                                  f"which with --max-length {args.max_length} passes the model's context of {context}")
             longest = max(longest, tokens)
-    if not context or search is None or args.max_turns == 0:
+    if not context or search is None or args.max_turns == 0:  # else a --top-k whose passages do not fit either
         return
     information = information_tokens(tokenizer, search.passages, args.passage_chars)
     top_k = min(args.top_k, len(search.passages))  # a search returns at most the whole corpus
@@ -1826,6 +1742,38 @@ def answer_in(text, answer):
     """Whether text contains the answer, both normalised, as whole words: what retrieval recall counts."""
     wanted = normalize_answer(answer)
     return bool(wanted) and f" {wanted} " in f" {normalize_answer(text)} "
+
+class OutsideTerms:
+    """The reward terms from outside the file: --reward-fn's function (custom), each call timed, and --reward-url's
+    service (remote), asked once at the start (a run fails now, not an hour in). Each weighs 1 unless
+    --reward-weights says otherwise."""
+
+    def __init__(self, reward_fn, custom_timeout, url, timeout, retries, weights):
+        self.custom = load_reward_fn(reward_fn, custom_timeout) if reward_fn else None
+        self.url, self.timeout, self.retries = url, timeout, retries
+        if self.custom:
+            weights.setdefault("custom", 1.0)
+        if self.url:
+            weights.setdefault("remote", 1.0)
+            remote_rewards(self.url, [], [], [], timeout, retries)
+
+    def __call__(self, completions, answers, metadata):
+        terms = {}
+        if self.custom:
+            terms["custom"] = [self.custom(c, a, m) for c, a, m in zip(completions, answers, metadata)]
+        if self.url:
+            terms["remote"] = remote_rewards(self.url, completions, answers, metadata, self.timeout, self.retries)
+        return terms
+
+def chat_prompt(tokenizer, messages):
+    """The chat template's prompt for messages, a system turn first; a template that refuses a system turn gets its
+    text at the start of the first user turn."""
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception:
+        system, first, *rest = messages
+        first = {"role": "user", "content": f"{system['content']}\n\n{first['content']}"}
+        return tokenizer.apply_chat_template([first, *rest], tokenize=False, add_generation_prompt=True)
 
 def parse_weights(text):
     """'correctness=2,format=1' -> {'correctness': 2.0, 'format': 1.0}, on top of the defaults."""
@@ -2001,21 +1949,14 @@ def within(seconds, function, *args):
         raise result["error"]
     return result["value"]
 
-# -- the search tool: calls in the model's turns, the passages shown
-
-# A call is <search>query</search> in the model's turn; the passages go back as <information>...</information>.
-# search.py (this folder) splits the corpus into passages (at blank lines) and ranks them for a query: dense
-# (all-MiniLM-L6-v2 embeddings, cosine similarity in a faiss index cached on disk) or bm25 (word overlap). The
-# index is built once, at start-up. All the episodes that pause in the same turn are answered by one batched
-# search: one query at a time is several times slower on a busy CPU.
+# -- the search tool: a call is <search>query</search> in the model's turn, its passages go back in <information> tags;
+#    search.py (this folder) splits the corpus into passages at blank lines and ranks them: dense (MiniLM, a faiss index
+#    cached on disk) or bm25. Episodes paused in one turn share a batched search (one at a time: several times slower).
 
 def find_search_call(turn):
-    """The query of the search call that ends a model turn, or None when the turn searches nothing.
-
-    A turn normally holds one call: generation pauses at the first closing tag. A token may hold several
-    characters, though, and a parser sees any text, so: of several complete calls only the last is run; an
-    unclosed call is no call; a turn that gives an answer searches nothing (the episode ends at </answer>, so a
-    call after it is ignored); of nested tags the innermost call is run (the format term gives such turns 0)."""
+    """The query of the search call that ends a model turn, or None. Generation pauses at the first closing tag, but a
+    token may hold several characters: of several complete calls only the last is run; an unclosed call is no call; a
+    turn that answers searches nothing; of nested tags the innermost call is run (the format term gives such turns 0)."""
     if "</answer>" in turn:
         return None
     calls = SEARCH_CALL.findall(turn)
@@ -2031,8 +1972,7 @@ def shorten(text, limit):
     return text[: cut if cut > 0 else limit] + " ..."
 
 def make_search(index, top_k=3, passage_chars=PASSAGE_CHARS):
-    """The search tool as the rollout calls it: a list of queries -> for each, the passages shown to the model
-    (the top_k best, best first, each cut to passage_chars characters), from one batched search."""
+    """The search tool as the rollout calls it: queries -> for each, the top_k best passages, cut to passage_chars."""
     def search(queries):
         found = index.search_batch(queries, top_k)
         return [[replace(p, text=shorten(p.text, passage_chars)) for p in passages] for passages in found]
@@ -2040,8 +1980,7 @@ def make_search(index, top_k=3, passage_chars=PASSAGE_CHARS):
     return search
 
 def load_search(args):
-    """The search tool over --corpus-dir, its index built once (the dense one is cached on disk next to the
-    converted models, so later runs load it); a missing or empty corpus is an InputError before the model loads."""
+    """The search tool over --corpus-dir, its index built once (dense: cached on disk); a missing or empty one: InputError."""
     try:
         index = SearchIndex(args.corpus_dir, args.retriever, cache_dir=CACHE_DIR / "search")
     except SearchError as e:
@@ -2104,15 +2043,23 @@ def ends_with_stop_string(tokenizer, tokens, finished):
     hit[running] = torch.tensor([any(stop in text for stop in STOP_STRINGS) for text in texts], dtype=torch.bool).to(hit.device)
     return hit
 
+def play_in_batches(model, tokenizer, encoded, group_size, max_length, temperature, top_p, generation_batch_size, search, max_turns):
+    """play_episodes() on slices of the prompts, group_size x the slice at most generation_batch_size rows (their KV
+    cache is the largest part of the memory): the episodes (row i*G+j the j-th of prompt i), the seconds searching."""
+    count = encoded.input_ids.shape[0]
+    at_once = max(1, (generation_batch_size or count * group_size) // group_size)
+    pieces = [play_episodes(model, tokenizer, encoded.input_ids[i : i + at_once], encoded.attention_mask[i : i + at_once],
+                            group_size, max_length, temperature, top_p, search, max_turns) for i in range(0, count, at_once)]
+    return [episode for played, _ in pieces for episode in played], sum(seconds for _, seconds in pieces)
+
 def pad_right(x, width, value):
     return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
 
 def pad_left(rows, value):
     """Token id lists of different lengths -> ids [N, L] left-padded with value, and the mask of real tokens."""
     width = max(map(len, rows))
-    ids = torch.tensor([[value] * (width - len(row)) + row for row in rows])
-    mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in rows])
-    return ids, mask
+    return (torch.tensor([[value] * (width - len(row)) + row for row in rows]),
+            torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in rows]))
 
 # -- checkpoints: atomic, never overwritten, never claimed by another run, never unpickled
 
@@ -2464,11 +2411,10 @@ def step_metrics(result, rewards, stats, rollout_seconds, seconds, memory):
         "rollout/format_rate": result.terms["format"].mean().item(),
         "rollout/accuracy": (result.terms["correctness"] == 1).float().mean().item(),
         **{f"rollout/reward_{name}": values.mean().item() for name, values in result.terms.items()},
-        "rollout/completion_length": generated / len(result.completions),  # the model's own tokens
+        "rollout/completion_length": generated / len(result.completions),
         "rollout/searches_per_episode": result.searches.float().mean().item(),
         "rollout/turns_per_episode": result.turns.float().mean().item(),
-        # the fraction of episodes in which a passage shown to the model contained the answer
-        "rollout/retrieval_recall": result.answer_retrieved.mean().item(),
+        "rollout/retrieval_recall": result.answer_retrieved.mean().item(),  # episodes shown a passage with the answer
         "rollout/information_tokens": result.information_tokens.float().mean().item(),  # per episode
         "rollout/zero_spread_groups": (rewards.max(1).values == rewards.min(1).values).float().mean().item(),
         **{f"train/{k}": v for k, v in stats.items()},
@@ -2522,6 +2468,18 @@ class PhasePeaks:
         self.most = max(self.most, self.peak()[0])
         values, self.values = self.values, {}
         return {**values, "perf/memory_gb": self.most}
+
+def report(logger, progress, args, step, result, rewards, stats, seconds, memory, evals, tasks):
+    """Log a step (TensorBoard, W&B): step_metrics and the held-out evaluation if one ran; every
+    --log-completions-interval steps a few completions; then the progress bar, its postfix the step's mean reward,
+    KL and the held-out accuracy so far."""
+    metrics = {**step_metrics(result, rewards, stats, *seconds, memory), **evals.get(step, {})}
+    if args.log_completions_interval and step % args.log_completions_interval == 0:
+        logger.text("rollout/completions", sample_text(result, tasks, args.group_size), step)
+    logger.scalars(metrics, step)
+    progress.update(1)
+    progress.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", kl=f"{stats.get('kl', 0):.4f}",
+                         held_out=held_out(evals))
 
 def held_out(evals, problems=None):
     """The held-out accuracy at the first and last evaluations of this run ({step: evaluate's metrics}): '3% -> 55%'
