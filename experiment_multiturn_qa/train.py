@@ -20,13 +20,16 @@ The search tool is there too (its options, parsing a call, cutting passages, the
 
   configuration     parse_args: the GRPO options (the rest, below the banner, join the same --help)
   model             load_model: 4-bit NF4 + LoRA; pi_ref is the same model with the adapter off
-  prompts, rewards  r = sum_k w_k term_k: correctness (1; else token-F1 credit), format (0), retrieval (0.2), search_cost (-0.1)
-  rollout           G episodes per prompt, sampled from pi_old = softmax(logits / T), as above (passages: action mask 0)
+  prompts, rewards  two worked examples in every prompt; r = sum_k w_k term_k: correctness (1; else token-F1 credit),
+                    format (0), retrieval (0.2), search_cost (-0.1)
+  rollout           G episodes per prompt, sampled from pi_old = softmax(logits / T): a closed search call pauses
+                    one, the top-k passages are appended (action mask 0 on them: never trained on), and it resumes
   advantages        A_i = (r_i - mean(r)) / (std(r) + eps) within each group of G
   loss              L = mean_i mean_t [-min(rho A_i, clip(rho, 1 - eps, 1 + eps) A_i) + beta KL_t],
                     rho = pi_theta / pi_old, KL_t = exp(ref - logp) - (ref - logp) - 1 (k3)
   train_step        a step = --epochs-per-step passes x --updates-per-step optimizer updates x micro-batches
-  run               the loop: prompts -> rollout -> advantages -> train_step -> log, evaluate, checkpoint
+  run               the loop: prompts -> rollout -> advantages -> train_step -> log, evaluate, checkpoint;
+                    also logs searches and turns per episode, and retrieval recall
 
     python experiment_multiturn_qa/train.py                    # Llama-3.2-1B on CUDA, packaged Gemma-3-270M on CPU
     python experiment_multiturn_qa/train.py --help

@@ -17,12 +17,15 @@ The calculator's details are there too (parsing a call, walking the expression t
   configuration     parse_args: the GRPO options (the rest, below the banner, join the same --help)
   model             load_model: 4-bit NF4 + LoRA; pi_ref is the same model with the adapter off
   prompts, rewards  r = sum_k w_k term_k: correctness (1), format (0.1), tool (0.1: the calculator calls that ran)
-  rollout           G episodes per prompt, sampled from pi_old = softmax(logits / T) turn by turn, as above
+  rollout           G episodes per prompt, sampled from pi_old = softmax(logits / T), turn by turn: sample until
+                    a call closes, run it, append the result, resume; the action mask is 1 on the model's own
+                    tokens only, 0 on every tool result
   advantages        A_i = (r_i - mean(r)) / (std(r) + eps) within each group of G
   loss              L = mean_i mean_t [-min(rho A_i, clip(rho, 1 - eps, 1 + eps) A_i) + beta KL_t],
                     rho = pi_theta / pi_old, KL_t = exp(ref - logp) - (ref - logp) - 1 (k3)
   train_step        a step = --epochs-per-step passes x --updates-per-step optimizer updates x micro-batches
-  run               the loop: prompts -> rollout -> advantages -> train_step -> log, evaluate, checkpoint
+  run               the loop: prompts -> rollout -> advantages -> train_step -> log, evaluate, checkpoint; it also
+                    logs tool calls, tool errors and turns per episode, tool success rate
 
     python experiment_multiturn_tool_calling/train.py           # Llama-3.2-1B on CUDA, packaged Gemma-3-270M on CPU
     python experiment_multiturn_tool_calling/train.py --help
