@@ -459,3 +459,27 @@ def test_sampling_weights_4bit_needs_4bit_weights(experiment_name, capsys):
     with pytest.raises(SystemExit):
         module.parse_args(["--device", "cpu", "--sampling-weights", "4bit", "--quantization", "none"])
     assert "--sampling-weights 4bit needs --quantization 4bit (it is none)" in capsys.readouterr().err
+
+
+def test_same_run_tells_a_changed_computation_from_a_moved_one(tmp_path):
+    """benchmarks/same_run.py, the restructures' equality check, fingerprints two steps of a copy: a copy whose code
+    only moved (a function defined elsewhere, a comment changed) gives the original's fingerprints, one whose loss
+    changed by one part in 10,000 gives other weights."""
+    source = (ROOT / "experiment_base" / "train.py").read_text()
+    moved, changed = (tmp_path / kind / "experiment_base" for kind in ("moved", "changed"))
+    for folder in (moved, changed):
+        folder.mkdir(parents=True)
+    masked_mean = source[source.index("def masked_mean("):source.index("def sequence_log_probs(")]
+    relocated = source.replace(masked_mean, "").replace('\nif __name__ == "__main__":', f"\n{masked_mean}\nif __name__ == \"__main__\":")
+    assert relocated != source and relocated.count("def masked_mean(") == 1
+    comment = "# [B, 1]: one advantage for every token of a completion"
+    assert relocated.count(comment) == 1
+    (moved / "train.py").write_text(relocated.replace(comment, "# [B, 1]: a completion's advantage, at each token"))
+    ratio = "ratio = (log_probs - old_log_probs).exp()"
+    assert source.count(ratio) == 1
+    (changed / "train.py").write_text(source.replace(ratio, ratio + " * 1.0001"))
+    result = run_script(ROOT / "benchmarks" / "same_run.py", ROOT / "experiment_base", moved, changed)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = re.findall(r": completions (\w{16})  weights (\w{16})$", result.stdout, re.MULTILINE)
+    assert len(found) == 3
+    assert found[0] == found[1] and found[2][1] != found[0][1]
