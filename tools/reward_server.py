@@ -108,9 +108,12 @@ class RewardHandler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def setup(self):
-        super().setup()  # the socket's timeout bounds each read; this deadline bounds the whole request, so that a
-        self.deadline = threading.Timer(self.timeout, self.drop)  # client sending a byte a second is dropped too
+        super().setup()  # the deadline bounds the whole request, so that a client sending a byte a second is dropped too
+        self.deadline = threading.Timer(self.timeout, self.drop)
         self.deadline.start()
+        # each read's own bound, a backstop past the deadline: at --client-timeout itself it raced the deadline's timer
+        # on a busy machine, and where it won the client got no 400, only a closed connection
+        self.connection.settimeout(2 * self.timeout + 5)
 
     def drop(self):
         self.timed_out = True
