@@ -234,6 +234,7 @@ class Scorer:
                  reward_url=None, timeout=30.0, retries=3, custom_timeout=60.0):
         self.task, self.reasoning_format, self.partial_credit = task, reasoning_format, partial_credit
         self.weights = parse_weights(weights)  # the defaults, with --reward-weights over them
+        # --reward-fn's and --reward-url's terms, each weighing 1 unless --reward-weights says otherwise
         self.outside = OutsideTerms(reward_fn, custom_timeout, reward_url, timeout, retries, self.weights)
 
     def __call__(self, completions, answers, metadata):
@@ -313,8 +314,9 @@ def rollout(model, tokenizer, tasks, group_size, max_length, temperature=1.0, to
     rows = [task for task in tasks for _ in range(group_size)]
     rewards, terms = (score or Scorer())(completions, [t["answer"] for t in rows], [t.get("metadata", {}) for t in rows])
     prompt_ids, prompt_mask = (x.repeat_interleave(group_size, dim=0) for x in (encoded.input_ids, encoded.attention_mask))
-    return Rollout(sequence_ids=torch.cat([prompt_ids, completion_ids], dim=1), attention_mask=torch.cat([prompt_mask,
-                   action_mask], dim=1), action_mask=action_mask, rewards=rewards, terms=terms, completions=completions)
+    return Rollout(sequence_ids=torch.cat([prompt_ids, completion_ids], dim=1),
+                   attention_mask=torch.cat([prompt_mask, action_mask], dim=1),
+                   action_mask=action_mask, rewards=rewards, terms=terms, completions=completions)
 
 # ---- Advantages ----
 

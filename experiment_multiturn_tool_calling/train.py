@@ -207,6 +207,7 @@ class Scorer:
 
     def __init__(self, weights="", reward_fn=None, reward_url=None, timeout=30.0, retries=3, custom_timeout=60.0):
         self.weights = parse_weights(weights)  # the defaults, with --reward-weights over them
+        # --reward-fn's and --reward-url's terms, each weighing 1 unless --reward-weights says otherwise
         self.outside = OutsideTerms(reward_fn, custom_timeout, reward_url, timeout, retries, self.weights)
 
     def __call__(self, completions, answers, metadata):
@@ -364,8 +365,9 @@ def rollout(model, tokenizer, tasks, group_size, max_length, temperature=1.0, to
                for t, e in zip(rows, episodes)]
     rewards, terms = (score or Scorer())(completions, [t["answer"] for t in rows], records)
     prompt_ids, prompt_mask = (x.repeat_interleave(group_size, dim=0) for x in (encoded.input_ids, encoded.attention_mask))
-    return Rollout(sequence_ids=torch.cat([prompt_ids, episode_ids], dim=1), attention_mask=torch.cat([prompt_mask,
-                   episode_mask], dim=1), action_mask=action_mask, rewards=rewards, terms=terms, completions=completions,
+    return Rollout(sequence_ids=torch.cat([prompt_ids, episode_ids], dim=1),
+                   attention_mask=torch.cat([prompt_mask, episode_mask], dim=1),
+                   action_mask=action_mask, rewards=rewards, terms=terms, completions=completions,
                    transcripts=transcripts, **{name: torch.tensor([getattr(e, name) for e in episodes])  # [B] each
                                                for name in ("tool_calls", "tool_errors", "result_tokens", "turns")})
 
