@@ -6,19 +6,18 @@ from the start (the share of 7s in a completion); it prints a SHA-256 of every r
 and one of every tensor the final checkpoint holds (its safetensors files, keys sorted). Two commits compute the
 same thing when their fingerprints match:
 
-    git show OLD:experiment_base/train.py > /tmp/old/experiment_base/train.py
+    mkdir -p /tmp/old && git archive OLD experiment_base | tar -x -C /tmp/old
     python benchmarks/same_run.py /tmp/old/experiment_base experiment_base   # the old copy, then the new one
 
-A folder must be named as the experiment it holds (the run name and the accelerate copies' checks read it).
+A folder must be named as the experiment it holds, with the files beside its train.py (multiturn_qa's search.py).
 """
 
 import argparse
 import hashlib
+import os
 import sys
 import tempfile
 from pathlib import Path
-
-import os
 
 from common import ROOT, load_module
 
