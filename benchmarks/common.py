@@ -405,10 +405,17 @@ def run_alone(script, only, argv):
     return json.loads(lines[-1][len("RESULT "):])
 
 
+ISA_CAPS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")  # what caps torch's CPU kernels
+
+
 def machine(dtype):
     """Where a figure was measured, printed as one line and returned as a dict: the CPU model, its cores, whether it
     has AVX512-BF16 (without it bfloat16 matmuls are emulated, and experiment_base's --dtype auto picks float32) and
-    AMX, and the dtype the benchmark used. A figure means little without them: the same run differs by CPU."""
+    AMX, the vector kernels torch runs (AVX512, AVX2, ...) with any cap the environment put on them, and the dtype the
+    benchmark used. A figure means little without them: the same run differs by CPU, and by the kernels on one CPU
+    (ATEN_CPU_CAPABILITY=avx2 with MKL's and oneDNN's caps runs an AVX-512 CPU's float32 as one without AVX-512)."""
+    import torch
+
     fields = {}  # the first processor's "model name" and "flags"
     try:
         with open("/proc/cpuinfo") as cpuinfo:
@@ -419,9 +426,14 @@ def machine(dtype):
         pass
     flags = set(fields.get("flags", "").split())
     info = {"cpu": fields.get("model name") or platform.processor() or platform.machine(), "cores": os.cpu_count(),
-            "avx512_bf16": "avx512_bf16" in flags, "amx_bf16": "amx_bf16" in flags, "dtype": str(dtype).removeprefix("torch.")}
+            "avx512_bf16": "avx512_bf16" in flags, "amx_bf16": "amx_bf16" in flags,
+            "kernels": torch.backends.cpu.get_cpu_capability(), "dtype": str(dtype).removeprefix("torch.")}
+    caps = {name: os.environ[name] for name in ISA_CAPS if os.environ.get(name)}
+    if caps:
+        info["isa_caps"] = caps
     print(f"machine: {info['cpu']}, {info['cores']} cores, AVX512-BF16 {'yes' if info['avx512_bf16'] else 'no'}, "
-          f"AMX-BF16 {'yes' if info['amx_bf16'] else 'no'}; dtype {info['dtype']}", flush=True)
+          f"AMX-BF16 {'yes' if info['amx_bf16'] else 'no'}, kernels {info['kernels']}"
+          + "".join(f", {name}={value}" for name, value in caps.items()) + f"; dtype {info['dtype']}", flush=True)
     return info
 
 

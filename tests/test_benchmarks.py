@@ -30,6 +30,25 @@ def assert_names_machine(stdout, where, dtype):
     assert where["cpu"] == cpu and where["cores"] == os.cpu_count() and where["avx512_bf16"] == ("avx512_bf16" in flags)
     assert where["dtype"].startswith(dtype)
     assert f"machine: {cpu}, {os.cpu_count()} cores, AVX512-BF16 {'yes' if where['avx512_bf16'] else 'no'}" in stdout
+    import torch
+
+    assert where["kernels"] == torch.backends.cpu.get_cpu_capability() and f"kernels {where['kernels']}" in stdout
+
+
+def test_the_machine_line_names_the_kernels_and_their_caps():
+    """A float32 figure taken on an AVX-512 CPU with its kernels capped at AVX2 (as a CPU without AVX-512 runs) says
+    so in its machine line and JSON; without caps it names none."""
+    import subprocess
+    import sys
+
+    script = ROOT / "benchmarks" / "common.py"
+    caps = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
+    env = {name: value for name, value in os.environ.items() if name not in caps}
+    plain = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, check=True).stdout
+    env.update(ATEN_CPU_CAPABILITY="default", ONEDNN_MAX_CPU_ISA="AVX2")
+    capped = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, check=True).stdout
+    assert "kernels DEFAULT, ATEN_CPU_CAPABILITY=default, ONEDNN_MAX_CPU_ISA=AVX2; dtype" in capped
+    assert "kernels DEFAULT" not in plain and "ATEN_CPU_CAPABILITY" not in plain and "ONEDNN" not in plain
 
 
 def test_step_time_benchmark_runs(tiny_model_dir, tmp_path):
