@@ -36,19 +36,27 @@ def assert_names_machine(stdout, where, dtype):
 
 
 def test_the_machine_line_names_the_kernels_and_their_caps():
-    """A float32 figure taken on an AVX-512 CPU with its kernels capped at AVX2 (as a CPU without AVX-512 runs) says
-    so in its machine line and JSON; without caps it names none."""
+    """A float32 figure taken on an AVX-512 CPU with its kernels capped (as a CPU without AVX-512 runs them) says so
+    in its machine line and in the "machine" its JSON gets; without caps it names none."""
     import subprocess
     import sys
 
-    script = ROOT / "benchmarks" / "common.py"
-    caps = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
-    env = {name: value for name, value in os.environ.items() if name not in caps}
-    plain = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, check=True).stdout
-    env.update(ATEN_CPU_CAPABILITY="default", ONEDNN_MAX_CPU_ISA="AVX2")
-    capped = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, check=True).stdout
-    assert "kernels DEFAULT, ATEN_CPU_CAPABILITY=default, ONEDNN_MAX_CPU_ISA=AVX2; dtype" in capped
-    assert "kernels DEFAULT" not in plain and "ATEN_CPU_CAPABILITY" not in plain and "ONEDNN" not in plain
+    from common import ISA_CAPS
+
+    code = (f"import json, sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); from common import machine; "
+            "print('RESULT ' + json.dumps(machine('float32')))")
+
+    def machine_in(env):
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+        return out, json.loads(out.rsplit("RESULT ", 1)[1])
+
+    env = {name: value for name, value in os.environ.items() if name not in ISA_CAPS}
+    plain, plain_info = machine_in(env)
+    capped, capped_info = machine_in({**env, "ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "AVX2"})
+    assert "kernels DEFAULT, ATEN_CPU_CAPABILITY=default, ONEDNN_MAX_CPU_ISA=AVX2; dtype float32" in capped
+    assert capped_info["kernels"] == "DEFAULT"
+    assert capped_info["isa_caps"] == {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    assert plain_info["kernels"] != "DEFAULT" and "isa_caps" not in plain_info and "=" not in plain.split(";")[0]
 
 
 def test_step_time_benchmark_runs(tiny_model_dir, tmp_path):
