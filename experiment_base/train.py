@@ -522,7 +522,7 @@ def run(args):
 
 import csv, decimal, fcntl, functools, glob, hashlib, inspect, json, logging, os, pickle, pkgutil, resource  # noqa: E401,E402
 import shutil, signal, tempfile, threading, warnings, weakref  # noqa: E401,E402
-import urllib3  # noqa: E402
+import base64, urllib.parse, urllib3  # noqa: E401,E402
 
 CACHE_DIR = Path(os.environ.get("TINY_GRPO_CACHE", Path.home() / ".cache" / "tiny-grpo"))
 # On CUDA the allocator maps memory in pages that one phase frees and the next reuses (the KV cache's shapes, then the
@@ -579,17 +579,48 @@ def integer(interval):
     return real(interval, int)
 
 def http_url(text):
-    if not re.fullmatch(r"https?://[^/\s]+(/\S*)?", text):
+    """An argparse type: http(s)://[USER:PASSWORD@]HOST[:PORT][/PATH][?QUERY], parsed here once, so that an address
+    urllib3 cannot parse (a port out of range, an unclosed '[') is refused at the start, not retried."""
+    address, _ = credentials(text)
+    try:
+        host = urllib3.util.parse_url(address).host
+    except urllib3.exceptions.LocationParseError:  # its message quotes the whole URL: never shown
+        host = None
+    if not host or not re.fullmatch(r"https?://[^/\s]+(/\S*)?", address):
         raise argparse.ArgumentTypeError(f"expected http://HOST[:PORT]/PATH or https://..., got {redact(text)!r}")
     return text
 
+def credentials(url):
+    """(url without its USER:PASSWORD@, 'user:password' percent-decoded or None). The userinfo ends at the last '@'
+    before any '?', so a password may hold '/', ':' or '@' as typed, or percent-encoded (%40 for '@', %3F for '?')."""
+    scheme, sep, rest = url.partition("://")
+    head, query = re.match(r"([^?#]*)(.*)", rest, re.S).groups()
+    userinfo, at, host = head.rpartition("@")
+    if not sep or not at:
+        return url, None
+    return f"{scheme}://{host}{query}", urllib.parse.unquote(userinfo)
+
 def redact(url):
-    """url with its user:password@ (if any) shown as ***@: credentials are never printed, logged or stored."""
-    return re.sub(r"(?<=//)[^/@\s]*@", "***@", url) if url else url
+    """url as it may be printed, logged or stored: USER:PASSWORD@ (up to the last '@') as ***@, the query as ?***."""
+    if not url:
+        return url
+    scheme, sep, rest = url.partition("://")
+    if "@" in rest:
+        rest = "***@" + rest.rpartition("@")[2]
+    return scheme + sep + re.sub(r"[?#].*", "?***", rest, flags=re.S)
+
+def scrub(text, url):
+    """text (an exception's message) with url's secrets shown as redact shows them: the address urllib3 saw holds
+    no password, but a query it may quote."""
+    address, _ = credentials(url)
+    query = re.match(r"[^?#]*\??([^#]*)", address).group(1)
+    text = text.replace(url, redact(url)).replace(address, redact(url))
+    return text.replace(query, "***") if query else text
 
 def recorded_options(args):
-    """The options as checkpoints and W&B record them: all of them, credentials redacted."""
-    return {**vars(args), "reward_url": redact(args.reward_url)}
+    """The options as checkpoints and W&B record them: all of them, the reward service's credentials and query
+    redacted, the data's fingerprint apart (training_state stores it)."""
+    return {**{k: v for k, v in vars(args).items() if k != "data_fingerprint"}, "reward_url": redact(args.reward_url)}
 
 def folder_name(text):
     """An argparse type: one plain folder name, so that a run writes only inside --checkpoint-path and --log-dir."""
@@ -1827,7 +1858,7 @@ def remote_rewards(url, completions, answers, metadata, timeout=30.0, retries=3)
         try:
             status, location, answer = within(timeout, post, url, body, timeout)
         except (urllib3.exceptions.HTTPError, TimeoutError) as e:  # refused, reset, not HTTP, cut short (IncompleteRead)
-            problem = f"{type(e).__name__}: {e}; is the service running?"
+            problem = f"{type(e).__name__}: {scrub(str(e), url)}; is the service running?"
         else:
             if 300 <= status < 400:
                 raise RewardError(f"--reward-url {shown}: HTTP {status}, a redirect to {redact(location)}; "
@@ -1855,11 +1886,13 @@ def post(url, body, timeout):
     """One POST of JSON by urllib3, neither retried nor redirected (a redirected POST would lose its body): the status,
     the Location and at most MAX_REPLY_BYTES + 1 bytes of the answer; urllib3 raises IncompleteRead (in a
     ProtocolError) where the answer stops short of its Content-Length. A user:password@ in the URL is sent as basic
-    authentication."""
-    auth = urllib3.util.parse_url(url).auth
-    headers = {"Content-Type": "application/json", **(urllib3.util.make_headers(basic_auth=auth) if auth else {})}
+    authentication (UTF-8, RFC 7617), never as part of the address urllib3 sees and may quote."""
+    address, auth = credentials(url)
+    headers = {"Content-Type": "application/json"}
+    if auth is not None:
+        headers["Authorization"] = "Basic " + base64.b64encode(auth.encode()).decode()
     with urllib3.PoolManager() as http:
-        reply = http.request("POST", url, body=body, headers=headers, timeout=timeout, retries=False, redirect=False,
+        reply = http.request("POST", address, body=body, headers=headers, timeout=timeout, retries=False, redirect=False,
                              preload_content=False)
         return reply.status, reply.headers.get("Location"), reply.read(MAX_REPLY_BYTES + 1)
 
@@ -2004,7 +2037,15 @@ def claim_run(args):
     checkpoint and log folders are writable, no other live run writes to the run folder, and every checkpoint in
     it will be this run's. A run folder holding checkpoints is only continued by --resume from it; resuming from an
     older step moves the newer ones aside (to superseded-TIME/), so that they are never taken for this run's."""
+    # absolute, once: reward code that changes the working directory must not move the run's files elsewhere
+    args.checkpoint_path, args.log_dir = os.path.abspath(args.checkpoint_path), os.path.abspath(args.log_dir)
+    for option, data in (("--data-path", args.data_path), ("--eval-data-path", getattr(args, "eval_data_path", None))):
+        for inside, folder in (("--checkpoint-path", args.checkpoint_path), ("--log-dir", args.log_dir)):
+            if data and Path(data).is_dir() and Path(folder).resolve().is_relative_to(Path(data).resolve()):
+                raise InputError(f"{inside} {folder} lies inside {option} {data}, a folder whose files datasets reads "
+                                 f"as data (a checkpoint's .json too): give {inside} a folder outside it")
     checkpoint_dir = find_checkpoint(args.resume, args) if args.resume else None
+    args.data_fingerprint = data_fingerprint(args.data_path)  # the data as read: what every checkpoint records
     if checkpoint_dir:
         args.run_name = args.run_name or checkpoint_dir.parent.name  # keep logging into the same run
     args.run_name = args.run_name or f"{EXPERIMENT}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -2087,18 +2128,20 @@ def claim_log_folder(log_dir, run_dir, resuming_here):
 
 def training_state(args, step, position):
     return {"step": step, "data_position": list(position), "run_name": args.run_name, "experiment": EXPERIMENT,
-            "args": recorded_options(args), "data": data_fingerprint(args.data_path)}
+            "args": recorded_options(args), "data": args.data_fingerprint}
 
 def data_fingerprint(path):
     """The training data whose position a checkpoint holds: its resolved path, and the size and SHA-256 of its
-    files (for a hub id, its name alone). Written at each save (it reads every file once), compared on --resume."""
+    files (for a hub id, its name alone). Taken once, when the run claims its folders, and compared on --resume. A
+    folder's files are the ones datasets reads: FOLDER_FORMATS', none hidden."""
     local = Path(path).expanduser()
     if hub_id(path):
         return {"path": path}
     pattern = not local.exists() and any(c in path for c in "*?[")
     files = sorted(Path(f) for f in glob.glob(str(local))) if pattern else [local]
     if local.is_dir():
-        files = sorted(f for f in local.rglob("*") if f.is_file())
+        files = sorted(f for f in local.rglob("*") if f.is_file() and f.suffix in FOLDER_FORMATS
+                       and not any(part.startswith((".", "__")) for part in f.relative_to(local).parts))
     digest, size = hashlib.sha256(), 0
     for file in files:
         with open(file, "rb") as f:
@@ -2189,7 +2232,8 @@ def find_checkpoint(path, args):
     if experiment != EXPERIMENT:
         raise InputError(f"--resume {folder}: a checkpoint of {experiment}; resume it with {experiment}/train.py")
     differs = options_differ(state, args)
-    data = data_fingerprint(args.data_path) if "sha256" in state.get("data", {}) else {}
+    saved = state.get("data", {})
+    data = data_fingerprint(args.data_path) if "sha256" in saved else {}
     if not differs and data.get("sha256") != state.get("data", {}).get("sha256"):
         differs = [f"--data-path {args.data_path}: its files changed since the checkpoint was written ({data['bytes']:,} "
                    f"bytes now, {state['data']['bytes']:,} then; another SHA-256)"]
@@ -2307,8 +2351,17 @@ class Logger:
 
             # one W&B run per run folder: the same --run-name under another --checkpoint-path is another run
             owner = hashlib.sha1(str((Path(args.checkpoint_path) / args.run_name).resolve()).encode()).hexdigest()[:8]
-            self.wandb = wandb.init(project=args.wandb_project, name=args.run_name, id=f"{args.run_name}-{owner}",
-                                    resume="allow", config=recorded_options(args), dir=folder)
+            if args.reward_url:  # W&B stores the command line (sys.argv) in its run files, and `wandb sync` uploads it
+                sys.argv[:] = [word.replace(args.reward_url, redact(args.reward_url)) for word in sys.argv]
+            # W&B's service writes its debug logs under WANDB_CACHE_DIR (else ~/.cache/wandb): the run's, unless set
+            ours = "WANDB_CACHE_DIR" not in os.environ
+            os.environ.setdefault("WANDB_CACHE_DIR", str(folder / "wandb" / "cache"))
+            try:
+                self.wandb = wandb.init(project=args.wandb_project, name=args.run_name, id=f"{args.run_name}-{owner}",
+                                        resume="allow", config=recorded_options(args), dir=folder)
+            finally:
+                if ours:
+                    del os.environ["WANDB_CACHE_DIR"]
 
     def scalars(self, metrics, step):
         self.each(lambda writer: [writer.add_scalar(name, value, step) for name, value in metrics.items()],

@@ -735,6 +735,7 @@ def test_credentials_in_the_reward_url_are_never_printed_nor_stored(experiment, 
     assert "hunter2" not in str(error.value) and "http://***@127.0.0.1:9/reward" in str(error.value)
     args = experiment.parse_args(["--device", "cpu", "--reward-url", url, "--run-name", "r"])
     assert args.reward_url == url  # the run itself uses it
+    args.data_fingerprint = {}  # claim_run takes it, when the data has been read
     recorded = experiment.training_state(args, 1, (0, 0))["args"]
     assert "hunter2" not in str(recorded) and recorded["reward_url"] == "http://***@127.0.0.1:9/reward"
     assert "hunter2" not in fails_with(experiment, ["--device", "cpu", "--reward-url", "http://u:hunter2@ bad"], capsys)
@@ -1225,3 +1226,134 @@ def test_a_name_that_is_not_utf8_is_refused_before_any_folder_is_made(experiment
     said = fails_with(experiment, ["--device", "cpu", "--model-name", tmp_path / "no-model", option, name], capsys)
     assert option in said and "must be valid UTF-8" in said
     assert list(tmp_path.iterdir()) == []
+
+
+# ---- round four (issue 71): secrets, and files where they do not belong ----
+
+@pytest.mark.parametrize("url, auth", [
+    ("http://trainer:hun/ter2@127.0.0.1:9/reward", "trainer:hun/ter2"),  # '/': redact stopped at it
+    ("http://trainer:hun@ter2@127.0.0.1:9/reward", "trainer:hun@ter2"),  # '@': split at the first, 'ter2@' shown
+    ("http://trainer:hun%40t%C3%A9r2@127.0.0.1:9/reward", "trainer:hun@tér2"),  # percent-encoded: sent encoded
+    ("http://127.0.0.1:9/reward?token=hunter2", None),  # a query: printed in errors, stored in checkpoints
+])
+def test_every_kind_of_reward_url_secret_is_hidden_and_sent_decoded(experiment, url, auth):
+    """redact stopped at the first '/', so a password holding '/' was printed whole, one holding '@' in part (and the
+    wrong one sent); a percent-encoded password was sent still encoded; a ?token= was printed and stored."""
+    secret = "hunter2" if auth is None else auth.split(":", 1)[1]
+    assert experiment.credentials(url)[1] == auth
+    assert experiment.redact(url) == ("http://***@127.0.0.1:9/reward" if auth else "http://127.0.0.1:9/reward?***")
+    with pytest.raises(experiment.RewardError) as error:
+        experiment.remote_rewards(url, ["c"], ["a"], [{}], timeout=1.0, retries=1)
+    assert "ter2" not in str(error.value) and "%40" not in str(error.value), str(error.value)
+    args = experiment.parse_args(["--device", "cpu", "--reward-url", url])
+    args.data_fingerprint = {}
+    assert secret not in str(experiment.training_state(args, 1, (0, 0))["args"])
+
+
+@pytest.mark.parametrize("url", ["http://u:hunter2@127.0.0.1:99999/reward", "http://u:hunter2@[::1/reward"])
+def test_a_reward_url_urllib3_cannot_parse_is_refused_at_the_start_without_its_password(experiment, url, capsys):
+    """A port out of range or an unclosed '[' passed the check, then urllib3's LocationParseError quoted the whole URL
+    (password included) at every try."""
+    from conftest import fails_with
+
+    said = fails_with(experiment, ["--device", "cpu", "--reward-url", url], capsys)
+    assert "--reward-url" in said and "hunter2" not in said and "http://***@" in said
+
+
+def test_wandb_keeps_no_password_and_writes_only_under_the_run(tiny_model_dir, tmp_path, monkeypatch):
+    """W&B stored the command line, --reward-url's password included, in its offline run file (which `wandb sync`
+    uploads), and wrote core-debug-*.log and symon-debug-*.log under ~/.cache/wandb, outside the run's folders."""
+    import subprocess
+
+    from conftest import run_script
+
+    server = subprocess.Popen([sys.executable, str(ROOT / "tools" / "reward_server.py"), "--port", "0", "--quiet"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        address = server.stdout.readline().split()[-1]
+        url = address.replace("http://", "http://trainer:hunter2@") + "?token=tok3n"
+        home = tmp_path / "home"
+        home.mkdir()
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "XDG_"))}
+        module = load_experiment("experiment_base")
+        argv = tiny_run(module, tiny_model_dir, tmp_path, "--wandb", "--reward-url", url)
+        result = run_script(ROOT / "experiment_base" / "train.py", *argv, cwd=tmp_path,
+                            env={**env, "HOME": str(home), "WANDB_MODE": "offline"})
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    assert result.returncode == 0, result.stderr[-3000:]
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and not p.is_relative_to(tmp_path / "home")]
+    assert any(p.name.startswith("core-debug-") for p in written)  # kept under the run's own log folder
+    assert all(p.is_relative_to(tmp_path / "runs" / "r") or p.is_relative_to(tmp_path / "out" / "r") or
+               p.name == "tasks.jsonl" for p in written), written
+    assert list(home.rglob("*")) == []
+    leaked = [p for p in tmp_path.rglob("*") if p.is_file() and (b"hunter2" in p.read_bytes() or b"tok3n" in p.read_bytes())]
+    assert leaked == [] and "hunter2" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("name", SINGLE_PROCESS)
+def test_a_reward_fn_that_changes_the_working_directory_moves_no_checkpoint(name, tiny_model_dir, tmp_path,
+                                                                           monkeypatch, capsys):
+    """Reward code that runs generated code often chdirs into a temporary folder: every later checkpoint went under
+    it (the run said it was in out/r), the run's own locked folder stayed empty, and TensorBoard's thread died."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    reward = f"chdir_reward_{tmp_path.name}"
+    (tmp_path / f"{reward}.py").write_text(f"import os\n\ndef reward(completion, answer, metadata):\n"
+                                           f"    os.chdir({str(elsewhere)!r})\n    return 1.0\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    module = load_experiment(name)
+    argv = tiny_run(module, tiny_model_dir, pathlib.Path("."), "--reward-fn", f"{reward}:reward", steps=2)
+    argv[argv.index("--data-path") + 1] = tmp_path / "tasks.jsonl"
+    from conftest import write_jsonl
+    write_jsonl(tmp_path / "tasks.jsonl", [{"question": f"Say {i}", "answer": "7"} for i in range(8)])
+    module.main([str(a) for a in argv])
+    assert list(elsewhere.iterdir()) == []
+    assert sorted(p.name for p in (tmp_path / "out" / "r").iterdir()) == ["step_000002"]
+    assert list((tmp_path / "runs" / "r").glob("events.out.tfevents.*"))
+    assert str(tmp_path / "out" / "r" / "step_000002") in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("change", ["deleted", "edited"])
+def test_the_data_recorded_is_the_data_read(change, tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """The data's fingerprint was taken at every save: data deleted during a run turned the save after SIGTERM into a
+    traceback (the steps done lost), and data edited during a run was recorded as if trained on."""
+    module = load_experiment("experiment_base")
+    argv = tiny_run(module, tiny_model_dir, tmp_path, steps=2)
+    data = tmp_path / "tasks.jsonl"
+    original = module.rollout
+
+    def rollout(*args, **kwargs):  # the data changes while the first step samples
+        if data.exists():
+            data.unlink() if change == "deleted" else data.write_text('{"question": "Other", "answer": "1"}\n')
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, "rollout", rollout)
+    module.main([str(a) for a in argv])
+    state = module.load_state_file(tmp_path / "out" / "r" / "step_000002")
+    from conftest import write_jsonl
+    write_jsonl(tmp_path / "again.jsonl", [{"question": f"Say {i}", "answer": "7"} for i in range(8)])
+    assert state["data"]["sha256"] == module.data_fingerprint(tmp_path / "again.jsonl")["sha256"]
+
+
+def test_run_folders_inside_a_data_folder_are_refused(tiny_model_dir, tmp_path, capsys):
+    """--data-path of a folder that also held the run's checkpoints hashed them into the data's fingerprint at each
+    save, and datasets read their .json files as data at the next start: refused, by name, before the model loads.
+    A folder's fingerprint is taken of the files datasets reads, once."""
+    from conftest import fails_with, write_jsonl
+
+    module = load_experiment("experiment_base")
+    (tmp_path / "data").mkdir()
+    write_jsonl(tmp_path / "data" / "tasks.jsonl", [{"question": f"Say {i}", "answer": "7"} for i in range(8)])
+    argv = tiny_run(module, tiny_model_dir, tmp_path)
+    argv[argv.index("--data-path") + 1] = tmp_path / "data"
+    argv[argv.index("--checkpoint-path") + 1] = tmp_path / "data" / "out"
+    said = fails_with(module, argv, capsys)
+    assert "--checkpoint-path" in said and "inside --data-path" in said and not (tmp_path / "data" / "out").exists()
+    before = module.data_fingerprint(str(tmp_path / "data"))
+    (tmp_path / "data" / "notes.txt").write_text("not data")
+    (tmp_path / "data" / ".cache").mkdir()
+    (tmp_path / "data" / ".cache" / "x.json").write_text("{}")
+    assert module.data_fingerprint(str(tmp_path / "data")) == before
