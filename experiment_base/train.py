@@ -2455,9 +2455,26 @@ def report(logger, progress, args, step, result, rewards, stats, seconds, memory
     if args.log_completions_interval and step % args.log_completions_interval == 0:
         logger.text("rollout/completions", sample_text(result, tasks, args.group_size), step)
     logger.scalars(metrics, step)
-    progress.update(1)
-    progress.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", kl=f"{stats.get('kl', 0):.4f}",
-                         held_out=held_out(evals))
+    advance_bar(progress, metrics, stats, evals)
+
+def advance_bar(progress, metrics, stats, evals):
+    """One step on the progress bar, its postfix the step's mean reward, KL and the held-out accuracy so far. A bar
+    that cannot be drawn (its pipe closed: `| head`, or `| less` then q) is dropped with one warning, as a logger
+    is: the run trains on, its checkpoints still saved."""
+    try:
+        progress.update(1)
+        progress.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", kl=f"{stats.get('kl', 0):.4f}",
+                             held_out=held_out(evals))
+    except OSError as e:
+        progress.disable = True
+        say(f"the progress bar cannot be drawn ({e}); training goes on without it, and checkpoints are still saved")
+
+def say(text):
+    """text on stderr, where it can still be written: a closed pipe must not stop a save."""
+    try:
+        print(text, file=sys.stderr)
+    except OSError:
+        pass
 
 def held_out(evals, problems=None):
     """The held-out accuracy at the first and last evaluations of this run ({step: evaluate's metrics}): '3% -> 55%'
@@ -2488,9 +2505,11 @@ class Interrupts:
 
     def __init__(self):
         self.deferring, self.pending, self.stopping = False, None, False
-        signal.signal(signal.SIGINT, self.handle)
-        signal.signal(signal.SIGTERM, self.handle)  # a cluster scheduler's SIGTERM is handled like Ctrl-C
-        signal.signal(signal.SIGHUP, self.handle)  # and so is a closed terminal or ssh session
+        # a cluster scheduler's SIGTERM is handled like Ctrl-C, and so is a closed terminal or ssh session (SIGHUP);
+        # a signal ignored at the start stays ignored: nohup's SIGHUP, a background job's SIGINT
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(signum) != signal.SIG_IGN:
+                signal.signal(signum, self.handle)
 
     def handle(self, signum, frame):
         if self.stopping:
@@ -2518,15 +2537,18 @@ def stopped(stop, step, run_dir, save, logger, progress, interrupts):
     """Save the steps done and report: Ctrl-C exits with 130, a reward failure or divergence goes on to main's error
     message. A step that diverged after some of its updates is not saved (its weights are half updated)."""
     interrupts.stopping = True  # any later Ctrl-C or SIGTERM is let pass: the save is not cut short
-    progress.close()
+    try:
+        progress.close()
+    except OSError:  # its pipe closed: the save below matters, the bar does not
+        pass
     half_updated = isinstance(stop, DivergedError) and stop.updates_done > 0
     what = {KeyboardInterrupt: "\ninterrupted", RewardError: "\nthe reward failed"}.get(type(stop), f"\nstep {step + 1} diverged")
     if half_updated:
-        print(f"{what}: its first updates are not saved", file=sys.stderr)
+        say(f"{what}: its first updates are not saved")
     elif step == 0:  # a checkpoint of zero steps holds nothing of the run and would block its name
-        print(f"{what}: before the first step; nothing to save", file=sys.stderr)
+        say(f"{what}: before the first step; nothing to save")
     else:
-        print(f"{what}: saving step {step} to {run_dir} (Ctrl-C again waits until it is written)", file=sys.stderr)
+        say(f"{what}: saving step {step} to {run_dir} (Ctrl-C again waits until it is written)")
         save()
     logger.close()
     if isinstance(stop, KeyboardInterrupt):

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from conftest import EXPERIMENTS, ROOT, SINGLE_PROCESS, load_experiment
+from conftest import EXPERIMENTS, ROOT, SINGLE_PROCESS, hang_guard, load_experiment
 
 
 class RunsCode:
@@ -1274,11 +1274,10 @@ def test_wandb_keeps_no_password_and_writes_only_under_the_run(tiny_model_dir, t
         url = address.replace("http://", "http://trainer:hunter2@") + "?token=tok3n"
         home = tmp_path / "home"
         home.mkdir()
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "XDG_"))}
         module = load_experiment("experiment_base")
         argv = tiny_run(module, tiny_model_dir, tmp_path, "--wandb", "--reward-url", url)
         result = run_script(ROOT / "experiment_base" / "train.py", *argv, cwd=tmp_path,
-                            env={**env, "HOME": str(home), "WANDB_MODE": "offline"})
+                            env={"HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache"), "WANDB_MODE": "offline"})
     finally:
         server.terminate()
         server.wait(timeout=10)
@@ -1357,3 +1356,48 @@ def test_run_folders_inside_a_data_folder_are_refused(tiny_model_dir, tmp_path, 
     (tmp_path / "data" / ".cache").mkdir()
     (tmp_path / "data" / ".cache" / "x.json").write_text("{}")
     assert module.data_fingerprint(str(tmp_path / "data")) == before
+
+
+def started(argv, cwd, **popen):
+    """A run in a process of its own, once its progress bar is up: its signal handlers are in place."""
+    import subprocess
+
+    process = subprocess.Popen([sys.executable, str(ROOT / "experiment_base" / "train.py"), *map(str, argv)], cwd=cwd,
+                               stderr=subprocess.PIPE, **popen)
+    seen, bar = b"", argv[argv.index("--run-name") + 1].encode() + b":"
+    while bar not in seen and process.poll() is None:
+        seen += process.stderr.read1(1000)
+    return process
+
+
+def test_a_closed_output_pipe_loses_no_step(tiny_model_dir, tmp_path):
+    """`train.py 2>&1 | head`, or `| less` then q: the progress bar's BrokenPipeError was not caught, and every
+    step since the last checkpoint was lost. The bar is dropped, the run trains on and saves."""
+    module = load_experiment("experiment_base")
+    process = started(tiny_run(module, tiny_model_dir, tmp_path, steps=3), tmp_path)
+    process.stderr.close()  # the reader of the run's output goes away
+    with hang_guard("a run whose output pipe closed", 600):
+        process.wait(timeout=600)
+    assert sorted(p.name for p in (tmp_path / "out" / "r").iterdir()) == ["step_000003"]
+
+
+def test_a_hangup_ignored_at_the_start_stays_ignored(tiny_model_dir, tmp_path):
+    """`nohup train.py &`: the run replaced nohup's ignored SIGHUP with its own handler, and stopped when the
+    terminal closed. A signal ignored at the start stays ignored; one that was not still saves and stops."""
+    import signal
+    import subprocess
+
+    module = load_experiment("experiment_base")
+    argv = tiny_run(module, tiny_model_dir, tmp_path, steps=3)
+    process = started(argv, tmp_path, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    process.send_signal(signal.SIGHUP)
+    with hang_guard("a run under nohup", 600):
+        _, said = process.communicate(timeout=600)
+    assert process.returncode == 0, said.decode()[-2000:]
+    assert sorted(p.name for p in (tmp_path / "out" / "r").iterdir()) == ["step_000003"]
+    argv[argv.index("--run-name") + 1] = "again"
+    process = started(argv, tmp_path, stdout=subprocess.DEVNULL)
+    process.send_signal(signal.SIGHUP)  # not ignored at the start: handled as Ctrl-C is
+    with hang_guard("a run hung up", 600):
+        _, said = process.communicate(timeout=600)
+    assert process.returncode == 130 and b"interrupted" in said
