@@ -452,14 +452,24 @@ if __name__ == "__main__":  # .ci/run prints where the tests run: python benchma
             + ("bfloat16" if torch.cpu._is_avx512_bf16_supported() else "float32") + " on this CPU")
 
 
+def event_files(log_dir):
+    """The TensorBoard event files of the run in log_dir: those in the folder itself, as TensorBoard takes a folder's
+    files for one run. A subfolder is none of it: superseded-*/ holds an earlier start's events, set aside by train.py
+    (TensorBoard shows it as a run of its own), wandb/ holds W&B's files."""
+    from tensorboard.backend.event_processing.io_wrapper import IsSummaryEventsFile
+
+    folder = Path(log_dir)
+    return sorted(f for f in folder.iterdir() if f.is_file() and IsSummaryEventsFile(str(f))) if folder.is_dir() else []
+
+
 def scalars(log_dir):
-    """{tag: [(step, value), ...]} from the TensorBoard event files under log_dir, one value per step (the last)."""
+    """{tag: [(step, value), ...]} of the run in log_dir, as TensorBoard loads it: its event_files in order, each
+    purge_step (train.py's Logger writes one on --resume) dropping the steps from it on that an earlier start wrote
+    after its last checkpoint; one value per step (the last)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    values = {}
-    for events in sorted(Path(log_dir).rglob("events.out.tfevents.*")):
-        accumulator = EventAccumulator(str(events), size_guidance={"scalars": 0})
-        accumulator.Reload()
-        for tag in accumulator.Tags()["scalars"]:
-            values.setdefault(tag, {}).update({e.step: e.value for e in accumulator.Scalars(tag)})
-    return {tag: sorted(points.items()) for tag, points in values.items()}
+    # the folder ending in a separator: a folder whose name holds "tfevents" would be opened as one event file
+    accumulator = EventAccumulator(os.path.join(log_dir, ""), size_guidance={"scalars": 0})
+    accumulator.Reload()
+    return {tag: sorted({e.step: e.value for e in accumulator.Scalars(tag)}.items())
+            for tag in accumulator.Tags()["scalars"]}

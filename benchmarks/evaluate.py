@@ -13,8 +13,12 @@ and reports their accuracy and pass@K (the share of problems with at least one c
 among the K). A problem no completion gets right gives GRPO nothing to reinforce: pass@K at the
 group size bounds how many groups can carry a correctness signal.
 
-A task whose held-out data cannot be read (GSM8K comes from the hub, openai/gsm8k; offline, give a
-local copy with --data gsm8k=FILE) is reported as not run, with the reason, not as a failure.
+A task whose default held-out data cannot be read (GSM8K comes from the hub, openai/gsm8k; offline,
+give a local copy with --data gsm8k=FILE) is reported as not run, with the reason, not as a failure;
+a --data file that cannot be read is an error, before the model loads.
+
+A checkpoint of experiment_drgrpo or of the accelerate copies is evaluated as experiment_base's (they
+share its prompts and rewards); a multi-turn experiment's is refused: its own train.py evaluates it.
 """
 
 import argparse
@@ -28,13 +32,17 @@ from common import load_experiment, machine, output_file, resolved_dtype, write_
 BASE = load_experiment()  # whose options main() hands the values on to: they are checked here, with its types
 TASKS = list(BASE.TASKS)  # experiment_base's --task choices
 DTYPES = ["auto", "bfloat16", "float16", "float32"]  # experiment_base's --dtype choices
+# The experiments whose prompts, rollouts and rewards are experiment_base's (they change how it trains): their
+# checkpoints are evaluated here as its own. The multi-turn ones sample episodes of their own (tool calls, searches).
+SAME_PROMPTS = ["experiment_base", "experiment_drgrpo", "experiment_accelerate", "experiment_accelerate_ddp"]
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-name", default="packaged:gemma-3-270m", help="model (default: %(default)s)")
     p.add_argument("--checkpoint", type=Path, help="a step_N folder written by experiment_base, or its run folder (the "
-                   "newest step_N in it): its LoRA adapter is loaded, built as its adapter_config.json says")
+                   "newest complete step_N in it, as --resume takes): its LoRA adapter is loaded, built as its "
+                   "adapter_config.json says")
     p.add_argument("--tasks", nargs="+", choices=TASKS, default=TASKS, help="tasks (default: all)")
     # Refused here, not by experiment_base's parser in main(): that one would print train.py's usage under this name
     p.add_argument("--eval-prompts", type=BASE.integer("[1, inf)"), default=100,
@@ -66,15 +74,31 @@ def parse_args(argv=None):
 
 
 def checked_checkpoint(parser, path):
-    """(the step_N folder to load, experiment_base's LoRA options for it); a run folder gives its newest step."""
+    """(the step_N folder to load, experiment_base's LoRA options for it). A run folder gives its newest complete
+    step: a damaged newer one is passed over, as --resume passes over it (judged by the train.py that wrote it)."""
     if not path.is_dir():
         parser.error(f"--checkpoint {path}: no such folder")
-    if not (path / "adapter_model.safetensors").is_file():
-        steps = load_experiment().checkpoints_in(path)
+    if (path / "adapter_model.safetensors").is_file():
+        try:
+            written_by(parser, path)
+        except BASE.InputError as e:
+            parser.error(f"--checkpoint {str(e).removeprefix('--resume ')}")
+    else:
+        steps = BASE.checkpoints_in(path)[::-1]
         if not steps:
             parser.error(f"--checkpoint {path}: neither a checkpoint (adapter_model.safetensors, adapter_config.json) "
                          "nor a run folder holding step_N checkpoints")
-        path = steps[-1]
+        for step in steps:
+            try:
+                problem = load_experiment(written_by(parser, step)).checkpoint_problem(step)
+            except BASE.InputError as e:  # its training_state.pt cannot be read
+                problem = str(e).removeprefix(f"--resume {step}: ")
+            if problem is None:
+                break
+            print(f"--checkpoint: {step.name} is damaged ({problem}); trying the step before it", file=sys.stderr)
+        else:
+            parser.error(f"--checkpoint {path}: no complete checkpoint there")
+        path = step
         print(f"--checkpoint: the newest checkpoint of that run, {path.name}")
     try:
         config = json.loads((path / "adapter_config.json").read_text())
@@ -90,6 +114,22 @@ def checked_checkpoint(parser, path):
     if problem:
         parser.error(f"--checkpoint {path}: {problem}")
     return path, options
+
+
+def written_by(parser, folder):
+    """The experiment whose train.py wrote the checkpoint in folder, as its training_state.pt records it (raises
+    InputError where that file cannot be read; experiment_base where it is absent, an adapter saved alone, or records
+    none, as before 2026-11-23). Another experiment's is refused: a multi-turn one's prompts and rewards are not
+    experiment_base's, and a name that is no experiment here is not loaded."""
+    if not (folder / "training_state.pt").exists():
+        return "experiment_base"
+    state = BASE.load_state_file(folder)
+    experiment = state.get("experiment", "experiment_base") if isinstance(state, dict) else "experiment_base"
+    if experiment not in SAME_PROMPTS:
+        parser.error(f"--checkpoint {folder}: a checkpoint of {experiment!r}, whose prompts and rewards are not "
+                     "experiment_base's, the ones evaluate.py runs (a multi-turn experiment's train.py evaluates its "
+                     "own: --eval-interval)")
+    return experiment
 
 
 @torch.no_grad()
@@ -108,18 +148,20 @@ def main(argv=None):
     args = parse_args(argv)
     base = load_experiment()
     model = tokenizer = None
-    results = {}
-    for task in args.tasks:
+    results, held_out = {}, {}
+    for task in args.tasks:  # every task's data first: a --data file that cannot be read stops before the model loads
         options = base.parse_args(["--model-name", args.model_name, "--task", task, "--eval-prompts", str(args.eval_prompts),
                                    "--max-length", str(args.max_length), "--dtype", args.dtype,
                                    "--generation-batch-size", str(args.generation_batch_size), *args.lora_options])
         path = args.data.get(task, options.eval_data_path)
         try:
-            tasks = base.load_tasks(path, filters=args.filter, max_rows=args.eval_prompts, config=options.data_config,
-                                    split=options.eval_split, task=task)
-        except base.InputError as e:  # a file not made yet, a hub dataset offline: said in the table, the rest run
+            held_out[task] = options, base.load_tasks(path, filters=args.filter, max_rows=args.eval_prompts,
+                                                      config=options.data_config, split=options.eval_split, task=task)
+        except base.InputError as e:  # a default not made yet, a hub dataset offline: said in the table, the rest run
+            if task in args.data:  # a file given is an error
+                sys.exit(f"evaluate.py: error: --data {task}: {e}")
             results[task] = {"missing": str(e)}
-            continue
+    for task, (options, tasks) in held_out.items():
         if model is None:
             model, tokenizer = base.load_model(options)
             if args.checkpoint:
@@ -139,6 +181,7 @@ def main(argv=None):
         if args.samples:
             results[task].update(sampled(base, model, tokenizer, tasks, options, score, args.samples, args.temperature))
         print(f"{task}: {results[task]}", flush=True)
+    results = {task: results[task] for task in args.tasks}  # in --tasks' order, the tasks not run among them
     name = args.model_name + (f" + {args.checkpoint}" if args.checkpoint else "")
     k = args.samples
     print(f"\n{name}, greedy" + (f" and {k} samples at temperature {args.temperature:g}" if k else "") + f", up to {args.max_length} tokens\n")

@@ -41,6 +41,16 @@ RESULTS, FIGURE = ROOT / "benchmarks" / "results", ROOT / "benchmarks" / "figure
 EXPERIMENTS = ["experiment_base", "experiment_drgrpo"]  # the two whose train.py trains on --task
 
 
+# train.py's options that learning.py sets itself, and what to give instead. One after -- would override its value
+# (the last one given counts): `-- --max-steps 2` trained 2 steps, then found no step_000020 to sample from
+SET_HERE = {"--max-steps": "give learning.py's --steps", "--eval-interval": "give learning.py's --eval-interval",
+            "--eval-prompts": "give learning.py's --eval-prompts", "--model-name": "give learning.py's --model-name",
+            "--task": "give learning.py's --task", "--run-name": "give learning.py's --run-name",
+            "--seed": "give learning.py's --seed, so that each run of --seeds gets its own",
+            "--checkpoint-path": "learning.py's --out names the folder", "--log-dir": "learning.py's --out names the folder",
+            "--keep-checkpoints": "learning.py keeps the last checkpoint, which it samples from"}
+
+
 def recipe(task, experiment):
     """The options the demo gives train.py before yours after -- (yours win: the last of an option counts). math: the
     two-term two-digit +/- rows. sequence: none, as train.py's CPU defaults are the recipe (DEVICE_DEFAULTS: 8 prompts a
@@ -78,8 +88,11 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if min(args.steps, args.eval_prompts, args.eval_interval, args.seeds) < 1 or args.samples < 0:
         p.error("--steps, --eval-prompts, --eval-interval and --seeds must be at least 1, --samples at least 0")
-    if any(option == "--seed" or option.startswith("--seed=") for option in args.train_args):
-        p.error("give the seed as learning.py's --seed (before --), so that each run of --seeds gets its own")
+    for given in args.train_args:  # an option after -- is train.py's, which takes a prefix of an option's name too
+        name = given.split("=", 1)[0]
+        for option, instead in SET_HERE.items():
+            if name.startswith("--") and len(name) > 2 and option.startswith(name):
+                p.error(f"{given} after --: learning.py sets train.py's {option} itself; {instead}")
     return args
 
 

@@ -7,8 +7,11 @@ with one line per run, and prints a Markdown table of each tag's mean over the f
     python benchmarks/plot_runs.py runs/grpo-20 runs/drgrpo-20 --out benchmarks/figures/algorithms.png
     python benchmarks/plot_runs.py runs/tool20 --tags rollout/reward_mean rollout/tool_calls_per_episode
 
-A run is named by its folder's name; a tag a run did not log is left out of that run's panel and
-table row, and a folder without event files is an error. An event file cut short or damaged (a copy
+A run is named by its folder's name and read as TensorBoard reads it: the event files in the folder
+itself (not in a subfolder, such as the superseded-*/ that train.py sets an earlier start's events
+aside in), with the steps that a --resume from an earlier checkpoint wrote again in place of the
+first ones. A tag a run did not log is left out of that run's panel and table row, and a folder
+without event files of its own is an error. An event file cut short or damaged (a copy
 stopped half-way, a full disk) is named with a warning: its records up to the damage are used.
 """
 
@@ -17,7 +20,7 @@ import json
 import sys
 from pathlib import Path
 
-from common import output_file, scalars
+from common import event_files, output_file, scalars
 
 TAGS = ["rollout/reward_mean", "rollout/accuracy", "rollout/format_rate", "train/kl"]
 
@@ -86,9 +89,9 @@ def main(argv=None):
         sys.exit(f"error: --window must be at least 1, got {args.window}")
     curves, damaged = {}, []
     for folder in args.runs:
-        if not any(folder.rglob("events.out.tfevents.*")):
-            sys.exit(f"error: no TensorBoard event files under {folder}")
-        for events in sorted(folder.rglob("events.out.tfevents.*")):
+        if not event_files(folder):
+            sys.exit(f"error: no TensorBoard event files in {folder} (a run's are in its own folder, LOG_DIR/RUN_NAME)")
+        for events in event_files(folder):
             at = cut_short(events)
             if at is not None:
                 damaged.append(f"{events} is cut short or damaged: its records stop at byte {at} of {events.stat().st_size}")

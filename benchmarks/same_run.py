@@ -93,11 +93,14 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("folders", nargs="+", help="folders holding a train.py, each named as its experiment")
     args = p.parse_args()
+    folders = [Path(folder) if Path(folder).is_absolute() else ROOT / folder for folder in args.folders]
+    for folder in folders:  # checked before the model is built and any copy runs
+        if not (folder / "train.py").is_file():
+            p.error(f"{folder}: no train.py in it")
     os.chdir(ROOT)  # the tasks' data paths are relative to the repository root
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_tiny(Path(tmp) / "tiny")
-        for i, folder in enumerate(args.folders):
-            folder = Path(folder) if Path(folder).is_absolute() else ROOT / folder
+        for i, folder in enumerate(folders):
             work = Path(tmp) / f"run{i}"
             completions, weights = fingerprint(folder, model_dir, work)
             print(f"{folder}: completions {completions}  weights {weights}", flush=True)

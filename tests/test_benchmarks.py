@@ -510,3 +510,143 @@ def test_same_run_tells_a_changed_computation_from_a_moved_one(tmp_path):
     found = re.findall(r": completions (\w{16})  weights (\w{16})$", result.stdout, re.MULTILINE)
     assert len(found) == 3
     assert found[0] == found[1] and found[2][1] != found[0][1]
+
+
+# -- Nothing lost, round four (issue 71)
+
+def write_events(folder, start, steps, value, purge_step=None):
+    """rollout/reward_mean = value at each of steps, written by SummaryWriter (with purge_step, as train.py's Logger
+    writes a resumed run's) into an event file of folder named as a start at time `start` is (TensorBoard reads a
+    folder's files in the order of their names, which begin with the time)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    staging = folder.parent / f".staging-{start}"
+    with SummaryWriter(staging, purge_step=purge_step) as writer:
+        for step in steps:
+            writer.add_scalar("rollout/reward_mean", value, step)
+    folder.mkdir(parents=True, exist_ok=True)
+    (events,) = staging.iterdir()
+    events.rename(folder / f"events.out.tfevents.{start}.host.1.0")
+    staging.rmdir()
+
+
+def test_curves_are_the_run_as_tensorboard_loads_it(tmp_path, capsys):
+    """Item 8: common.scalars read every event file under a run folder on its own: an earlier start's events, moved
+    aside to superseded-*/, and the steps after the checkpoint that a resume purged (train.py's Logger: purge_step)
+    were taken for the run's, and plot_runs.py and learning.py reported them. Now a folder is one run, loaded as
+    TensorBoard loads it: its own event files in order, purge_step applied; a subfolder is no part of it."""
+    import plot_runs
+    from common import scalars
+
+    run = tmp_path / "runs" / "run"
+    write_events(run / "superseded-20260101-000000", 1000000000, range(1, 13), 9.0)  # a start that saved nothing
+    write_events(run, 1000000100, range(1, 11), 1.0)  # steps 1-10, the last checkpoint at 5, then a crash
+    write_events(run, 1000000200, range(6, 9), 2.0, purge_step=6)  # --resume from step 5: steps 6-8 again
+    assert scalars(run) == {"rollout/reward_mean": [(s, 1.0) for s in range(1, 6)] + [(s, 2.0) for s in range(6, 9)]}
+    plot_runs.main([str(run), "--tags", "rollout/reward_mean", "--window", "1"])
+    assert "| run | 8 | 1.00 -> 2.00 |" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as stop:  # the log root: its runs are in subfolders, each a run of its own
+        plot_runs.main([str(tmp_path / "runs"), "--tags", "rollout/reward_mean"])
+    assert f"no TensorBoard event files in {tmp_path / 'runs'}" in str(stop.value.code)
+
+
+def test_learning_refuses_the_options_it_sets_itself(capsys):
+    """Item 14: `learning.py -- --max-steps 2` trained, and then found no step_000020 to sample from: no results
+    written. Each train.py option that learning.py sets itself is refused after --, in any spelling train.py's parser
+    takes (OPTION=VALUE, a prefix), in one line naming it, before any training."""
+    from common import load_module
+
+    learning = load_module(ROOT / "benchmarks" / "learning.py")
+    for given, option in [("--max-steps", "--max-steps"), ("--max-steps=2", "--max-steps"), ("--max-st", "--max-steps"),
+                          ("--eval-interval", "--eval-interval"), ("--run-name", "--run-name"), ("--seed", "--seed"),
+                          ("--checkpoint-path", "--checkpoint-path"), ("--log-dir=x", "--log-dir"),
+                          ("--keep-checkpoints", "--keep-checkpoints"), ("--eval-prompts", "--eval-prompts"),
+                          ("--model-name", "--model-name"), ("--task", "--task")]:
+        with pytest.raises(SystemExit) as stop:
+            learning.parse_args(["--", given, "2"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert stop.value.code == 2 and f"error: {given} after --: " in err[-1] and f"{option} itself" in err[-1], err
+    assert learning.parse_args(["--", "--max-length", "8", "--checkpoint-interval", "5"]).train_args[0] == "--max-length"
+
+
+def test_same_run_refuses_a_folder_without_train_py_first(tmp_path):
+    """Item 14: benchmarks/same_run.py on a folder holding no train.py built the tiny model, then gave a traceback.
+    Now one line names the folder, before the model is built."""
+    result = run_script(ROOT / "benchmarks" / "same_run.py", ROOT / "experiment_base", tmp_path / "experiment_base",
+                        timeout=60)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1].endswith(f"{tmp_path / 'experiment_base'}: no train.py in it")
+    assert "completions" not in result.stdout  # not even the first folder was run
+
+
+TRAINED = ["--device", "cpu", "--dtype", "float32", "--max-steps", "1", "--group-size", "2", "--rollouts-per-step",
+           "2", "--max-length", "4", "--eval-interval", "0", "--lora-r", "4"]
+
+
+@pytest.fixture(scope="module")
+def trained_run(tiny_model_dir, tmp_path_factory):
+    """(experiment_base's run folder holding step_000001, one step of the tiny model; its options): copy it to change it."""
+    tmp = tmp_path_factory.mktemp("trained")
+    data = write_jsonl(tmp / "tasks.jsonl", [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(4)])
+    options = ["--model-name", str(tiny_model_dir), "--data-path", str(data), *TRAINED]
+    load_experiment().main([*options, "--log-dir", str(tmp / "runs"), "--checkpoint-path", str(tmp / "out"),
+                            "--run-name", "run"])
+    return tmp / "out" / "run", options
+
+
+def test_evaluate_passes_over_a_damaged_newest_step_as_resume_does(trained_run, tmp_path, capsys):
+    """Poor: evaluate.py --checkpoint RUN stopped at a newest step whose adapter was cut short, and evaluated one whose
+    training state was, where --resume RUN passes over both to the step before. Now it takes the step --resume takes,
+    and says why."""
+    import shutil
+
+    import evaluate
+
+    run = shutil.copytree(trained_run[0], tmp_path / "run")
+    shutil.copytree(run / "step_000001", run / "step_000002")
+    base = load_experiment()
+    for damaged in "adapter_model.safetensors", "training_state.pt":
+        file = run / "step_000002" / damaged
+        whole = file.read_bytes()
+        file.write_bytes(whole[: len(whole) // 2])
+        args = evaluate.parse_args(["--checkpoint", str(run)])
+        assert args.checkpoint == run / "step_000001" == base.find_checkpoint(run, base.parse_args(trained_run[1]))
+        assert "step_000002 is damaged" in capsys.readouterr().err
+        file.write_bytes(whole)
+
+
+def test_evaluate_refuses_a_checkpoint_of_a_multi_turn_experiment(trained_run, tmp_path, capsys):
+    """Poor: a tool-calling checkpoint was evaluated with experiment_base's single-turn prompts, without a word. Its
+    training_state.pt records the experiment (train.py's training_state): a multi-turn one, or a name that is no
+    experiment here, is refused in one line, before the model loads; one of experiment_base's copies that share its
+    prompts and rewards (experiment_drgrpo) is evaluated."""
+    import shutil
+
+    import evaluate
+    import torch
+
+    step = shutil.copytree(trained_run[0] / "step_000001", tmp_path / "step_000001")
+    state = torch.load(step / "training_state.pt", weights_only=True)
+    for experiment, refused in [("experiment_multiturn_tool_calling", True), ("experiment_multiturn_qa", True),
+                                ("../experiment_base", True), ("experiment_drgrpo", False)]:
+        torch.save({**state, "experiment": experiment}, step / "training_state.pt")
+        if not refused:
+            assert evaluate.parse_args(["--checkpoint", str(step)]).checkpoint == step
+            continue
+        with pytest.raises(SystemExit) as stop:
+            evaluate.parse_args(["--checkpoint", str(step), "--tasks", "math"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert stop.value.code == 2 and f"a checkpoint of {experiment!r}" in err[-1], err
+
+
+def test_evaluate_stops_at_a_data_file_it_cannot_read(tiny_model_dir, tmp_path, capsys):
+    """Poor: a --data file that did not exist was reported as 'not run' with exit 0, as if the task's default data
+    were out of reach. A file the user names is an error, in one line, before the model loads."""
+    import evaluate
+
+    with pytest.raises(SystemExit) as stop:
+        evaluate.main(["--model-name", str(tiny_model_dir), "--tasks", "math", "gsm8k", "--data",
+                       f"gsm8k={tmp_path / 'nowhere.jsonl'}", "--eval-prompts", "1", "--max-length", "2", "--dtype", "float32"])
+    assert stop.value.code not in (0, None) and "nowhere.jsonl: no such file" in str(stop.value.code)
+    assert str(stop.value.code).startswith("evaluate.py: error: --data gsm8k: ")
+    assert "math:" not in capsys.readouterr().out  # no task was evaluated first
