@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+import tiny_grpo.logprobs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -214,11 +215,11 @@ def project_steps(base, options, tasks, args, profile=None, evaluation=None):
 
 @contextlib.contextmanager
 def spied_packing(base, passes):
-    """Inside: each call of base.pack_prompts (every pass of sequence_log_probs) appends to passes (the rows' prompt
+    """Inside: each call of tiny_grpo.logprobs.pack_prompts (every pass of sequence_log_probs) appends to passes (the rows' prompt
     tokens, their completion tokens, repeated: whether a row's prompt was already run for an earlier row of its
     packed sequence, and whether the pass takes gradients): the rows and layout the FLOPs are counted on. A pass
     without gradients (pi_ref's) counts one forward of the body and the output layer."""
-    real = base.pack_prompts
+    real = tiny_grpo.logprobs.pack_prompts
 
     def spy(input_ids, attention_mask, num_actions, config):
         packed = real(input_ids, attention_mask, num_actions, config)
@@ -228,11 +229,11 @@ def spied_packing(base, passes):
                        [s in sequence[:i] for i, s in enumerate(sequence)], base.torch.is_grad_enabled()))
         return packed
 
-    base.pack_prompts = spy
+    tiny_grpo.logprobs.pack_prompts = spy
     try:
         yield
     finally:
-        base.pack_prompts = real
+        tiny_grpo.logprobs.pack_prompts = real
 
 
 def is_matmul(operator):

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 from common import load_experiment, machine, output_file, resolved_dtype, write_json
+import tiny_grpo.checkpoints
 
 BASE = load_experiment()  # whose options main() hands the values on to: they are checked here, with its types
 TASKS = list(BASE.TASKS)  # experiment_base's --task choices
@@ -84,13 +85,14 @@ def checked_checkpoint(parser, path):
         except BASE.InputError as e:
             parser.error(f"--checkpoint {str(e).removeprefix('--resume ')}")
     else:
-        steps = BASE.checkpoints_in(path)[::-1]
+        steps = tiny_grpo.checkpoints.checkpoints_in(path)[::-1]
         if not steps:
             parser.error(f"--checkpoint {path}: neither a checkpoint (adapter_model.safetensors, adapter_config.json) "
                          "nor a run folder holding step_N checkpoints")
         for step in steps:
             try:
-                problem = load_experiment(written_by(parser, step)).checkpoint_problem(step)
+                writer = load_experiment(written_by(parser, step))  # the accelerate copies judge their own state files
+                problem = getattr(writer, "checkpoint_problem", tiny_grpo.checkpoints.checkpoint_problem)(step)
             except BASE.InputError as e:  # its training_state.pt cannot be read
                 problem = str(e).removeprefix(f"--resume {step}: ")
             if problem is None:
@@ -110,7 +112,7 @@ def checked_checkpoint(parser, path):
         parser.error(f"--checkpoint {path}: its adapter_config.json does not say the adapter's r and lora_alpha ({e})")
     if not (path / "adapter_model.safetensors").is_file():
         parser.error(f"--checkpoint {path}: no adapter_model.safetensors in it")
-    problem = load_experiment().safetensors_problem(path / "adapter_model.safetensors")  # cut short, a bad header
+    problem = tiny_grpo.checkpoints.safetensors_problem(path / "adapter_model.safetensors")  # cut short, a bad header
     if problem:
         parser.error(f"--checkpoint {path}: {problem}")
     return path, options
@@ -123,7 +125,7 @@ def written_by(parser, folder):
     experiment_base's, and a name that is no experiment here is not loaded."""
     if not (folder / "training_state.pt").exists():
         return "experiment_base"
-    state = BASE.load_state_file(folder)
+    state = tiny_grpo.checkpoints.load_state_file(folder)
     experiment = state.get("experiment", "experiment_base") if isinstance(state, dict) else "experiment_base"
     if experiment not in SAME_PROMPTS:
         parser.error(f"--checkpoint {folder}: a checkpoint of {experiment!r}, whose prompts and rewards are not "
@@ -170,7 +172,7 @@ def main(argv=None):
 
                 weights = load_file(args.checkpoint / "adapter_model.safetensors")
                 try:  # a tensor missing would stay a fresh LoRA's, in silence
-                    base.check_weight_names(args.checkpoint, weights, get_peft_model_state_dict(model))
+                    tiny_grpo.checkpoints.check_weight_names(args.checkpoint, weights, get_peft_model_state_dict(model))
                 except base.InputError as e:
                     sys.exit(f"evaluate.py: error: {str(e).removeprefix('--resume ')}")
                 set_peft_model_state_dict(model, weights)

@@ -32,6 +32,8 @@ import sys
 
 from common import (check_steps, load_experiment, machine, project_steps, resolved_dtype, run_alone, workload,
                     workload_parser, write_json)
+import tiny_grpo.decode
+import tiny_grpo.logprobs
 
 CONFIGS = ["default", "fp32", "multinomial", "keep_ended", "hf_prefill", "full_logits", "autograd_head", "no_checkpointing",
            "kl"]
@@ -53,7 +55,7 @@ def switch_off(base, config):
             return torch.multinomial(torch.softmax(logits.float() / temperature, -1), 1).squeeze(-1)
         base.sample_token = sample_token
     if config == "keep_ended":
-        base.ENDED_SHARE = 2.0  # above 1: never drop
+        tiny_grpo.decode.ENDED_SHARE = 2.0  # above 1: never drop
     if config == "hf_prefill":  # the model's forward slices the last position itself: a strided [B, 1, H] matmul
         original = base.body_and_head
 
@@ -92,7 +94,7 @@ def switch_off(base, config):
                 if torch.is_grad_enabled():
                     return checkpoint(chunk, hidden, weight, bias, use_reentrant=False), entropy[0]
                 return chunk(hidden, weight, bias), entropy[0]
-        base.ActionLogProb = ActionLogProb
+        tiny_grpo.logprobs.ActionLogProb = ActionLogProb
 
 def run_config(args, config):
     base = load_experiment()

@@ -26,6 +26,7 @@ import argparse
 import tempfile
 
 from common import LLAMA_3_2_1B, build_random_llama, load_experiment, machine, output_file, write_json
+import tiny_grpo.logprobs
 
 GB = 2**30
 
@@ -95,7 +96,7 @@ def measure(args):
         kv = sum(t.nbytes for layer in cache.layers for t in (layer.keys, layer.values)) / args.measure_tokens
 
     model.train()  # what the forward keeps for the backward pass, with checkpointing (the default)
-    head = base.output_layer(model)[0].weight
+    head = tiny_grpo.logprobs.output_layer(model)[0].weight
     head.requires_grad_(True)  # ActionLogProb then keeps h [N, H] for a backward that recomputes, instead of forming
     # d log pi / dh [N, H] in the forward: the same bytes (and 12 an action token of actions and log-sum-exp; with
     # the tied embeddings, by our reading, their lookup's ids), without a [N, V] x [V, H] product in bf16, which a

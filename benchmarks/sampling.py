@@ -18,6 +18,7 @@ import statistics
 import time
 
 from common import ROOT, load_experiment, machine, output_file, resolved_dtype, workload, write_json
+import tiny_grpo.decode
 
 
 def share(text):
@@ -59,14 +60,14 @@ def main(argv=None):
     torch = base.torch
 
     def timed(share):
-        base.ENDED_SHARE = share
+        tiny_grpo.decode.ENDED_SHARE = share
         torch.manual_seed(0)
         started = time.perf_counter()
         result = base.rollout(model, tokenizer, tasks, args.group_size, args.max_new_tokens)
         return time.perf_counter() - started, result
 
     configs = {"kept": 2.0}  # above 1: never dropped
-    for share in args.shares or [base.ENDED_SHARE]:
+    for share in args.shares or [tiny_grpo.decode.ENDED_SHARE]:
         configs["dropped" if not args.shares else f"dropped at {share:g}"] = share
     _, first = timed(2.0)  # warm-up, and the tokens every way must sample
     seconds, differing, sampled = {name: [] for name in configs}, dict.fromkeys(configs, 0), {}

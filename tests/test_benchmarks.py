@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 from conftest import EXPERIMENTS, ROOT, load_experiment, run_script, write_jsonl
+import tiny_grpo.checkpoints
+import tiny_grpo.logprobs
 
 
 def run_benchmark(tmp_path, script, *args, dtype=None):
@@ -390,10 +392,10 @@ def test_training_flops_count_what_a_forward_pass_multiplies(tiny_model_dir, sha
     assert training_flops(model.config, r, [7] * 3, [5] * 3, repeated=repeated) == 3 * body + 2 * head + 4 * adapter
     # the output layer in a training pass under LoRA: its product and d log pi / dh's in the forward, none after
     hidden = torch.randn(15, c.hidden_size, requires_grad=True)
-    weight = base.output_layer(model)[0].weight
+    weight = tiny_grpo.logprobs.output_layer(model)[0].weight
     with FlopCounterMode(display=False) as counter:
-        log_probs, _ = base.ActionLogProb.apply(hidden, weight, None, torch.arange(15), None, 1.0,
-                                                base.output_workspace(15, weight))
+        log_probs, _ = tiny_grpo.logprobs.ActionLogProb.apply(hidden, weight, None, torch.arange(15), None, 1.0,
+                                                tiny_grpo.logprobs.output_workspace(15, weight))
         forward = sum(counter.get_flop_counts()["Global"].values())
         log_probs.sum().backward()
     assert forward == sum(counter.get_flop_counts()["Global"].values()) == 2 * head
@@ -610,7 +612,8 @@ def test_evaluate_passes_over_a_damaged_newest_step_as_resume_does(trained_run, 
         whole = file.read_bytes()
         file.write_bytes(whole[: len(whole) // 2])
         args = evaluate.parse_args(["--checkpoint", str(run)])
-        assert args.checkpoint == run / "step_000001" == base.find_checkpoint(run, base.parse_args(trained_run[1]))
+        assert args.checkpoint == run / "step_000001" == tiny_grpo.checkpoints.find_checkpoint(
+            run, base.parse_args(trained_run[1]))
         assert "step_000002 is damaged" in capsys.readouterr().err
         file.write_bytes(whole)
 

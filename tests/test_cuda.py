@@ -12,6 +12,8 @@ import pytest
 import torch
 
 from conftest import EXPERIMENTS, ROOT, load_experiment, run_command, run_script, swapped, tensorboard_scalars, write_jsonl
+import tiny_grpo.decode
+import tiny_grpo.models
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -84,11 +86,11 @@ def test_sampling_weights_on_cuda(base_on_cuda):
     base, args, model, tokenizer = base_on_cuda
     assert args.sampling_weights == "auto"
     total = torch.cuda.get_device_properties(0).total_memory
-    assert 0 < base.free_memory(args.device) <= total
-    assert base.free_memory("cuda") > 0 and base.free_memory(torch.device("cuda")) > 0  # accelerate's: no index
+    assert 0 < tiny_grpo.models.free_memory(args.device) <= total
+    assert tiny_grpo.models.free_memory("cuda") > 0 and tiny_grpo.models.free_memory(torch.device("cuda")) > 0  # accelerate's: no index
     torch.cuda.set_per_process_memory_fraction(0.01)  # a cap, as benchmarks/gpu_run.py --memory-cap-gb sets one
     try:
-        assert base.free_memory(args.device) <= 0.01 * total
+        assert tiny_grpo.models.free_memory(args.device) <= 0.01 * total
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
     batch = tokenizer(["What is 2+3? <answer>5</answer>", "What is 4*4?"], return_tensors="pt", padding=True).to("cuda")
@@ -137,13 +139,13 @@ def test_the_decode_cache_fills_in_place_on_cuda(base_on_cuda, monkeypatch):
     base, args, model, tokenizer = base_on_cuda
     model.eval()
     monkeypatch.setattr(base, "stop_token_ids", lambda *args: list(range(5, 25)))  # rows end at varied steps
-    monkeypatch.setattr(base, "ENDED_SHARE", 0.25)
+    monkeypatch.setattr(tiny_grpo.decode, "ENDED_SHARE", 0.25)
     prompts = tokenizer(["What is 1 + 2?", "Say something long"], return_tensors="pt", padding=True).to("cuda")
-    reserve = base.reserve_cache
-    monkeypatch.setattr(base, "decode_batch", base.DecodeBatch)  # not the CUDA graph's static cache
+    reserve = tiny_grpo.decode.reserve_cache
+    monkeypatch.setattr(base, "decode_batch", tiny_grpo.decode.DecodeBatch)  # not the CUDA graph's static cache
 
     def sample(in_place):
-        monkeypatch.setattr(base, "reserve_cache", lambda cache, tokens: in_place and reserve(cache, tokens))
+        monkeypatch.setattr(tiny_grpo.decode, "reserve_cache", lambda cache, tokens: in_place and reserve(cache, tokens))
         torch.manual_seed(3)
         return base.sample(model, tokenizer, prompts.input_ids, prompts.attention_mask, 8, 30, 1.0, 1.0)
 
@@ -163,7 +165,7 @@ def test_the_graph_decode_step_on_cuda(base_on_cuda, monkeypatch):
     base, args, model, tokenizer = base_on_cuda
     model.eval()
     monkeypatch.setattr(base, "stop_token_ids", lambda *args: list(range(5, 25)))  # rows end at varied steps
-    monkeypatch.setattr(base, "ENDED_SHARE", 2.0)  # DecodeBatch keeps every row, as the graph does
+    monkeypatch.setattr(tiny_grpo.decode, "ENDED_SHARE", 2.0)  # DecodeBatch keeps every row, as the graph does
     prompts = tokenizer(["What is 1 + 2?", "Say something long"], return_tensors="pt", padding=True).to("cuda")
     made, decode_batch = [], base.decode_batch
 
@@ -172,11 +174,11 @@ def test_the_graph_decode_step_on_cuda(base_on_cuda, monkeypatch):
         torch.manual_seed(3)
         return base.sample(model, tokenizer, prompts.input_ids, prompts.attention_mask, 8, 30, 1.0, 1.0)
 
-    ids, actions = sample(base.DecodeBatch)
+    ids, actions = sample(tiny_grpo.decode.DecodeBatch)
     graph_ids, graph_actions = sample(decode_batch)
     graph = made[-1]
-    assert type(graph) is base.GraphDecode and graph.graph is not None and graph.replays == graph.CHECKED_REPLAYS
-    assert not base.GRAPH_TROUBLE
+    assert type(graph) is tiny_grpo.decode.GraphDecode and graph.graph is not None and graph.replays == graph.CHECKED_REPLAYS
+    assert not tiny_grpo.decode.GRAPH_TROUBLE
     differing = (graph_ids != ids).any(1).sum().item()
     assert differing == 0 and torch.equal(graph_actions, actions), f"{differing} of 16 rows differ"
 

@@ -13,6 +13,8 @@ import pyarrow
 import pyarrow.parquet
 import pytest
 from conftest import ROOT, fails_with, write_jsonl
+import tiny_grpo.answers
+import tiny_grpo.rewards
 
 ROWS = [
     {"question": "What is 1 + 1?", "answer": "2", "level": 1},
@@ -226,7 +228,7 @@ def test_math_latex_format_wants_an_answer_not_words(task_experiment):
 def test_math_latex_gives_up_on_an_expression_that_would_hang(task_experiment, monkeypatch):
     """9^(9^(9^9)) has no end in sympy: math-verify's timeout scores it 0 instead of stalling the step. The guard
     below is against a hang, not a speed test: a second of timeout, per parse and per comparison."""
-    monkeypatch.setattr(task_experiment, "MATH_VERIFY_SECONDS", 1)
+    monkeypatch.setattr(tiny_grpo.answers, "MATH_VERIFY_SECONDS", 1)
     start = time.monotonic()
     assert task_experiment.correctness(r"<answer> 9^{9^{9^{9}}} </answer>", "3", "math_latex") == 0.0
     assert time.monotonic() - start < 60
@@ -339,7 +341,7 @@ def test_a_reward_fn_that_uses_math_verify_works(experiment, tmp_path, monkeypat
     (tmp_path / f"{name}.py").write_text(MATH_VERIFY_REWARD)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))
-    function = experiment.load_reward_fn(f"{name}:reward", timeout=30)
+    function = tiny_grpo.rewards.load_reward_fn(f"{name}:reward", timeout=30)
     assert function(r"so it is $\frac{1}{2}$", "$0.5$", {}) == 1.0
     assert function("so it is $3$", "$0.5$", {}) == 0.0
     # the deadline holds, called in this thread, even when the function swallows the first TimeoutError and goes on
@@ -349,7 +351,7 @@ def test_a_reward_fn_that_uses_math_verify_works(experiment, tmp_path, monkeypat
                                          "        except Exception:\n            pass\n    return 1.0\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))
-    function = experiment.load_reward_fn(f"{name}:reward", timeout=0.5)
+    function = tiny_grpo.rewards.load_reward_fn(f"{name}:reward", timeout=0.5)
     started = time.monotonic()
     with pytest.raises(experiment.RewardError, match="TimeoutError: no result within 0.5 s"):
         function("c", "a", {})

@@ -13,6 +13,7 @@ import torch
 import conftest
 from conftest import (ROOT, fails_with, help_text, load_experiment, load_tiny, run_script, teach, tensorboard_scalars,
                       write_jsonl, write_pdf)
+import tiny_grpo.decode
 
 NAME = "experiment_multiturn_qa"
 SCRIPT = ROOT / NAME / "train.py"
@@ -233,7 +234,7 @@ def script_turns(monkeypatch, qa, tokenizer, turns):
         return step.clone()
 
     monkeypatch.setattr(qa, "sample_token", typist)
-    monkeypatch.setattr(qa, "ENDED_SHARE", 2.0)  # every row of a turn to its end: the script gives each one a token
+    monkeypatch.setattr(tiny_grpo.decode, "ENDED_SHARE", 2.0)  # every row of a turn to its end: the script gives each one a token
     return seen
 
 

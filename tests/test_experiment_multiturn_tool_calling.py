@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from conftest import ROOT, load_experiment, load_tiny, run_script, teach, tensorboard_scalars, write_jsonl
+import tiny_grpo.decode
 
 NAME = "experiment_multiturn_tool_calling"
 SCRIPT = ROOT / NAME / "train.py"
@@ -160,7 +161,7 @@ def script_turns(monkeypatch, tool, tokenizer, turns):
         return torch.tensor(tokens)
 
     monkeypatch.setattr(tool, "sample_token", fake_sample_token)
-    monkeypatch.setattr(tool, "ENDED_SHARE", 2.0)  # every row of a turn to its end: the script gives each one a token
+    monkeypatch.setattr(tiny_grpo.decode, "ENDED_SHARE", 2.0)  # every row of a turn to its end: the script gives each one a token
     return chosen_log_probs
 
 

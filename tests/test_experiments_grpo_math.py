@@ -8,6 +8,9 @@ import pytest
 import torch
 
 from conftest import SINGLE_PROCESS, assert_seeded_shuffles, four_sequences, load_experiment, rows_per_pass, swapped
+import tiny_grpo.decode
+import tiny_grpo.logprobs
+import tiny_grpo.models
 
 
 def test_group_advantages_by_hand(experiment):
@@ -95,16 +98,16 @@ def test_each_chunks_logits_are_computed_once_under_lora_and_the_entropy_is_exac
     more in the backward pass, keeping none between the passes, every pass in the same workspace; the entropy,
     logged only, carries no gradient and equals -sum p log p of the full softmax(logits / T)."""
     experiment, model, tokenizer = tiny
-    monkeypatch.setattr(experiment, "LOGITS_CHUNK_ELEMENTS", 50)  # many chunks
-    seen, workspaces, original = [], set(), experiment.output_logits
+    monkeypatch.setattr(tiny_grpo.logprobs, "LOGITS_CHUNK_ELEMENTS", 50)  # many chunks
+    seen, workspaces, original = [], set(), tiny_grpo.logprobs.output_logits
 
     def spy(hidden, weight, bias, softcap, temperature, work):
         seen.append(hidden.shape[0])
         workspaces.add(tuple(buffer.data_ptr() for buffer in work))
         return original(hidden, weight, bias, softcap, temperature, work)
 
-    monkeypatch.setattr(experiment, "output_logits", spy)
-    head = experiment.output_layer(model)[0].weight
+    monkeypatch.setattr(tiny_grpo.logprobs, "output_logits", spy)
+    head = tiny_grpo.logprobs.output_layer(model)[0].weight
     assert not head.requires_grad  # under LoRA
     head.requires_grad_(head_trained)
     model.train()
@@ -138,21 +141,21 @@ def test_the_samplers_logits_are_the_output_layers(experiment, monkeypatch, dtyp
     soft-capped and divided by T; into a workspace the same logits, with u^T = W h^T + b whole in its first buffer
     (the backward's soft-capping reads it there)."""
     if block:
-        monkeypatch.setattr(experiment, "OUTPUT_BLOCK", block)
+        monkeypatch.setattr(tiny_grpo.logprobs, "OUTPUT_BLOCK", block)
     torch.manual_seed(0)
     layer = torch.nn.Linear(16, 1000, bias=bias).to(dtype).requires_grad_(False)  # autograd off, as its callers
     for rows in (1, 2, 5):
         hidden = torch.randn(rows, 16).to(dtype)
         for softcap, temperature in ((None, 1.0), (30.0, 0.7)):
-            ours = experiment.output_logits(hidden, layer.weight, layer.bias, softcap, temperature)
+            ours = tiny_grpo.logprobs.output_logits(hidden, layer.weight, layer.bias, softcap, temperature)
             u = layer(hidden).float()
             theirs = torch.tanh(u / softcap) * softcap if softcap else u
             theirs = theirs / temperature
             assert ours.dtype == torch.float32 and ours.shape == (rows, 1000) and ours.is_contiguous()
             tolerance = 1e-5 if dtype == torch.float32 else 2e-2
             assert torch.allclose(ours, theirs, rtol=tolerance, atol=tolerance)
-            work = [buffer.fill_(float("nan")) for buffer in experiment.output_workspace(8, layer.weight)]
-            assert torch.equal(experiment.output_logits(hidden, layer.weight, layer.bias, softcap, temperature, work), ours)
+            work = [buffer.fill_(float("nan")) for buffer in tiny_grpo.logprobs.output_workspace(8, layer.weight)]
+            assert torch.equal(tiny_grpo.logprobs.output_logits(hidden, layer.weight, layer.bias, softcap, temperature, work), ours)
             kept = work[0].view(-1)[: 1000 * rows].view(1000, rows).t().float()
             assert torch.allclose(kept, u, rtol=tolerance, atol=tolerance)
 
@@ -174,8 +177,8 @@ def test_action_log_prob_gradient_is_written_out_right(experiment, dtype, softca
     actions = torch.tensor([0, 999, 5, 5, 500, 17])
     upstream = torch.randn(6)
     inputs = [hidden, layer.weight, layer.bias] if layer_trained else [hidden]
-    work = experiment.output_workspace(8, layer.weight)  # more rows than the chunk: its views are taken
-    ours, entropy = experiment.ActionLogProb.apply(hidden, layer.weight, layer.bias, actions, softcap, temperature, work)
+    work = tiny_grpo.logprobs.output_workspace(8, layer.weight)  # more rows than the chunk: its views are taken
+    ours, entropy = tiny_grpo.logprobs.ActionLogProb.apply(hidden, layer.weight, layer.bias, actions, softcap, temperature, work)
     grads_ours = torch.autograd.grad(ours, inputs, upstream)
     z = torch.addmm(layer.bias[:, None], layer.weight, hidden.t()).t().float().contiguous()  # as output_logits takes it
     if softcap:
@@ -197,8 +200,8 @@ def test_action_log_prob_gradient_is_written_out_right(experiment, dtype, softca
     small[0].requires_grad_()
 
     def log_prob(h, w=small[1], b=small[2]):
-        return experiment.ActionLogProb.apply(h, w, b, torch.tensor([1, 6, 0]), softcap and 2.0, temperature,
-                                              experiment.output_workspace(3, w))[0]
+        return tiny_grpo.logprobs.ActionLogProb.apply(h, w, b, torch.tensor([1, 6, 0]), softcap and 2.0, temperature,
+                                              tiny_grpo.logprobs.output_workspace(3, w))[0]
 
     with pytest.warns(UserWarning, match="double precision"):  # float32: the finite differences are coarse
         assert torch.autograd.gradcheck(log_prob, small if layer_trained else small[:1], eps=1e-2, atol=1e-2, rtol=1e-2)
@@ -210,7 +213,7 @@ def test_fast_log_probs_equal_the_plain_form(tiny, monkeypatch, chunk_elements):
     log_softmax(logits / T) gathered at the actions, in values, entropies and gradients; and that plain form is the
     textbook one written here."""
     experiment, model, tokenizer = tiny
-    monkeypatch.setattr(experiment, "LOGITS_CHUNK_ELEMENTS", chunk_elements)
+    monkeypatch.setattr(tiny_grpo.logprobs, "LOGITS_CHUNK_ELEMENTS", chunk_elements)
     model.train()
     ids, mask, num_actions, completion_mask = two_sequences(tokenizer)
 
@@ -287,7 +290,7 @@ def test_packed_prompts_keep_each_rows_sliding_window(experiment, window):
     mask = torch.ones_like(ids)
     mask[[1, 4], :2] = 0  # left padding
     mask[0, 11:] = mask[2, 9:] = 0  # right padding
-    packed = experiment.pack_prompts(ids, mask, 6, config)
+    packed = tiny_grpo.logprobs.pack_prompts(ids, mask, 6, config)
     assert packed[0].shape == (3, 8 + 3 * 6) and set(packed[2]) == {"sliding_attention", "full_attention"}
     with torch.no_grad():
         log_probs, _ = experiment.sequence_log_probs(model, ids, mask, 6)
@@ -305,7 +308,7 @@ def test_a_sequence_packs_only_as_many_completions_as_save_flops(tiny, completio
     ids = torch.randint(5, 60, (5, 10 + completion), generator=torch.Generator().manual_seed(0))
     ids[:, :10] = ids[0, :10]
     mask = torch.ones_like(ids)
-    packed = experiment.pack_prompts(ids, mask, completion, model.config)
+    packed = tiny_grpo.logprobs.pack_prompts(ids, mask, completion, model.config)
     sequences = -(-5 // per_sequence)
     assert packed[0].shape == (sequences, 10 + min(5, per_sequence) * completion)
     with torch.no_grad():
@@ -319,7 +322,7 @@ def test_without_sdpa_every_row_stays_its_own_sequence(tiny):
     experiment, model, tokenizer = tiny
     ids, mask, num_actions = grouped_sequences(tokenizer)
     model.set_attn_implementation("eager")  # what any attention but SDPA gets; flash-attn needs CUDA
-    packed_ids, _, packed_mask, _ = experiment.pack_prompts(ids, mask, num_actions, model.config)
+    packed_ids, _, packed_mask, _ = tiny_grpo.logprobs.pack_prompts(ids, mask, num_actions, model.config)
     assert packed_ids.shape == ids.shape and packed_mask.shape == mask.shape  # the rows, in some order
     assert sorted(map(tuple, packed_ids.tolist())) == sorted(map(tuple, ids.tolist()))
     assert sorted(map(tuple, packed_mask.tolist())) == sorted(map(tuple, mask.tolist()))
@@ -338,7 +341,7 @@ def test_full_fine_tuning_gradients_reach_the_output_layer(experiment, tiny_mode
     model, tokenizer = experiment.load_model(args)
     if tied:
         model.lm_head.weight = model.get_input_embeddings().weight
-    monkeypatch.setattr(experiment, "LOGITS_CHUNK_ELEMENTS", 50)  # many chunks
+    monkeypatch.setattr(tiny_grpo.logprobs, "LOGITS_CHUNK_ELEMENTS", 50)  # many chunks
     model.train()
     ids, mask, num_actions, _ = two_sequences(tokenizer)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -404,7 +407,8 @@ def test_bfloat16_lora_inputs_reach_the_adapter_uncast_and_nothing_changes(exper
     assert seen[0] == torch.bfloat16  # the forward pass; peft's cast would hand it float32
     layers = [m for m in model.modules() if hasattr(m, "cast_input_dtype_enabled")]
     assert layers and all(m.cast_input_dtype_enabled for m in layers)  # on again after the pass
-    monkeypatch.setattr(experiment, "uncast_lora_inputs", lambda model, active=None: contextlib.nullcontext())
+    for where in (experiment, tiny_grpo.logprobs):  # the story's train_step, and the fast log-probs
+        monkeypatch.setattr(where, "uncast_lora_inputs", lambda model, active=None: contextlib.nullcontext())
     seen.clear()
     theirs, their_grads = log_probs_and_grads()
     assert seen[0] == torch.float32
@@ -441,7 +445,7 @@ def test_action_mask_stops_at_first_eos_and_stop_string(tiny, monkeypatch):
     ])
     steps = iter(script.t())
     monkeypatch.setattr(experiment, "sample_token", lambda logits, temperature, top_p, uniforms=None: next(steps).clone())
-    monkeypatch.setattr(experiment, "ENDED_SHARE", 2.0)  # every row to the end: the script gives each one a token
+    monkeypatch.setattr(tiny_grpo.decode, "ENDED_SHARE", 2.0)  # every row to the end: the script gives each one a token
     prompts = tokenizer(["Q1", "Q2"], return_tensors="pt", padding=True)
     ids, actions = experiment.sample(model, tokenizer, prompts.input_ids, prompts.attention_mask, 2, 5, 1.0, 1.0)
     assert actions.tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [1, 1, 0, 0, 0]]
@@ -474,7 +478,7 @@ def test_the_stop_string_check_costs_the_same_ops_at_any_batch_size(tiny):
         finished = torch.tensor([r % 2 == 1 for r in range(rows)])
         Count.ops = 0
         with Count():
-            hit = experiment.ends_with_stop_string(tokenizer, tokens, finished)
+            hit = experiment.ends_with_stop_string(tokenizer, tokens, finished, experiment.STOP_STRINGS)
         assert hit.tolist() == [r % 3 == 0 and r % 2 == 0 for r in range(rows)]
         return Count.ops
 
@@ -566,7 +570,7 @@ def test_sampling_weights_auto_copies_when_a_quarter_of_the_free_memory_holds_it
     size = sum(m.weight.quant_state.shape.numel() for m in layers) * 4  # bytes of the float32 copy
 
     def layers_swapped(free):
-        monkeypatch.setattr(experiment, "free_memory", lambda device: free)
+        monkeypatch.setattr(tiny_grpo.models, "free_memory", lambda device: free)
         with experiment.sampling_weights(model, args):
             return swapped(model)
 
@@ -574,7 +578,7 @@ def test_sampling_weights_auto_copies_when_a_quarter_of_the_free_memory_holds_it
     args.sampling_weights = "4bit"
     assert layers_swapped(10**15) == 0
     monkeypatch.undo()
-    assert 0 < experiment.free_memory("cpu") <= os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")  # MemAvailable
+    assert 0 < tiny_grpo.models.free_memory("cpu") <= os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")  # MemAvailable
 
 
 def test_a_rollout_from_dequantized_weights_draws_the_same_tokens(task_experiment, tiny_model_dir):
@@ -645,7 +649,7 @@ def test_ended_rows_leave_the_batch_and_the_tokens_stay_the_same(tiny, monkeypat
     monkeypatch.setattr(experiment, "body_and_head", counting)
 
     def completions(ended_share):
-        monkeypatch.setattr(experiment, "ENDED_SHARE", ended_share)
+        monkeypatch.setattr(tiny_grpo.decode, "ENDED_SHARE", ended_share)
         widths.clear()
         torch.manual_seed(3)
         ids, actions = experiment.sample(model, tokenizer, prompts.input_ids, prompts.attention_mask, 8, 30, temperature, top_p)
@@ -671,8 +675,8 @@ def test_the_static_decode_step_draws_decode_batchs_tokens(tiny, monkeypatch, te
 
     def completions(kind):
         def chosen(body, head, cache, mask, max_length):
-            batch = (experiment.GraphDecode(body, head, cache, mask, max_length, graphs=False) if kind == "static"
-                     else experiment.DecodeBatch(body, head, cache, mask, max_length))
+            batch = (tiny_grpo.decode.GraphDecode(body, head, cache, mask, max_length, graphs=False) if kind == "static"
+                     else tiny_grpo.decode.DecodeBatch(body, head, cache, mask, max_length))
             step = batch.step
             batch.step = lambda *args: logits.setdefault(kind, []).append(step(*args)) or logits[kind][-1]
             return batch
@@ -681,7 +685,7 @@ def test_the_static_decode_step_draws_decode_batchs_tokens(tiny, monkeypatch, te
         torch.manual_seed(3)
         return experiment.sample(model, tokenizer, prompts.input_ids, prompts.attention_mask, 8, 30, temperature, top_p)
 
-    monkeypatch.setattr(experiment, "ENDED_SHARE", 2.0)  # DecodeBatch keeps every row too: the logits compare row by row
+    monkeypatch.setattr(tiny_grpo.decode, "ENDED_SHARE", 2.0)  # DecodeBatch keeps every row too: the logits compare row by row
     ids, actions = completions("dynamic")
     static_ids, static_actions = completions("static")
     assert torch.equal(static_ids, ids) and torch.equal(static_actions, actions)
@@ -692,7 +696,7 @@ def test_the_static_decode_step_draws_decode_batchs_tokens(tiny, monkeypatch, te
         torch.testing.assert_close(static, dynamic, rtol=1e-5, atol=1e-5)
     body, head = experiment.body_and_head(model)
     out = body(input_ids=prompts.input_ids, attention_mask=prompts.attention_mask, use_cache=True)
-    assert type(decode_batch(body, head, out.past_key_values, prompts.attention_mask, 4)) is experiment.DecodeBatch
+    assert type(decode_batch(body, head, out.past_key_values, prompts.attention_mask, 4)) is tiny_grpo.decode.DecodeBatch
 
 
 @pytest.mark.parametrize("window", [None, 4, 100])
@@ -712,12 +716,12 @@ def test_the_decode_cache_fills_in_place_and_the_tokens_stay_the_same(tiny, monk
         torch.manual_seed(0)
         model = Gemma3ForCausalLM(config).float().eval()
     monkeypatch.setattr(experiment, "stop_token_ids", lambda *args: list(range(5, 25)))  # rows end at varied steps
-    monkeypatch.setattr(experiment, "ENDED_SHARE", 0.25)
+    monkeypatch.setattr(tiny_grpo.decode, "ENDED_SHARE", 0.25)
     prompts = tokenizer(["What is 1 + 2?", "Say something long"], return_tensors="pt", padding=True)
-    caches, reserve = [], experiment.reserve_cache
+    caches, reserve = [], tiny_grpo.decode.reserve_cache
 
     def sample(in_place):
-        monkeypatch.setattr(experiment, "reserve_cache", lambda cache, tokens: caches.append(cache) or (in_place and reserve(cache, tokens)))
+        monkeypatch.setattr(tiny_grpo.decode, "reserve_cache", lambda cache, tokens: caches.append(cache) or (in_place and reserve(cache, tokens)))
         torch.manual_seed(3)
         return experiment.sample(model, tokenizer, prompts.input_ids, prompts.attention_mask, 8, 30, 1.0, 1.0)
 
@@ -740,8 +744,8 @@ def test_the_decode_cache_is_freed_when_sampling_returns(tiny, monkeypatch):
     import weakref
 
     experiment, model, tokenizer = tiny
-    layers, reserve = [], experiment.reserve_cache
-    monkeypatch.setattr(experiment, "reserve_cache", lambda cache, tokens: reserve(cache, tokens) or layers.extend(
+    layers, reserve = [], tiny_grpo.decode.reserve_cache
+    monkeypatch.setattr(tiny_grpo.decode, "reserve_cache", lambda cache, tokens: reserve(cache, tokens) or layers.extend(
         weakref.ref(layer) for layer in cache.layers))
     prompts = tokenizer(["What is 1 + 2?"], return_tensors="pt")
     gc.disable()

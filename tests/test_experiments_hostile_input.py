@@ -10,6 +10,9 @@ import pytest
 import torch
 
 from conftest import EXPERIMENTS, ROOT, SINGLE_PROCESS, hang_guard, load_experiment
+import tiny_grpo.checkpoints
+import tiny_grpo.options
+import tiny_grpo.rewards
 
 
 class RunsCode:
@@ -29,13 +32,13 @@ def test_resume_never_unpickles_code(experiment, tmp_path):
     marker = tmp_path / "code_ran"
     torch.save({"step": 2, "payload": RunsCode(marker)}, folder / "training_state.pt")
     with pytest.raises(experiment.InputError, match="not loaded"):
-        experiment.load_state_file(folder)
+        tiny_grpo.checkpoints.load_state_file(folder)
     assert not marker.exists()
     # a real state (plain data, tensors, RNG states) still loads
     import random
     torch.save({"step": 2, "data_position": [0, 8], "args": {"lr": 1e-4, "run_name": "r", "filter": []},
                 "rng": {"python": random.getstate(), "torch": torch.get_rng_state()}}, folder / "training_state.pt")
-    assert experiment.load_state_file(folder)["step"] == 2
+    assert tiny_grpo.checkpoints.load_state_file(folder)["step"] == 2
 
 
 def test_reward_fn_folder_does_not_shadow_installed_packages(experiment, tmp_path, monkeypatch):
@@ -43,7 +46,7 @@ def test_reward_fn_folder_does_not_shadow_installed_packages(experiment, tmp_pat
     (tmp_path / "my_reward.py").write_text("def reward(completion, answer, metadata):\n    return 1.0\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
-    function = experiment.load_reward_fn("my_reward:reward")
+    function = tiny_grpo.rewards.load_reward_fn("my_reward:reward")
     assert function("x", "y", {}) == 1.0
     site = min(i for i, p in enumerate(sys.path) if "site-packages" in p)
     assert sys.path.index(str(tmp_path)) > site  # installed packages are found first
@@ -410,7 +413,7 @@ def test_a_broken_reward_service_is_a_reward_error(experiment, reply, says):
     try:
         started = time.perf_counter()
         with pytest.raises(experiment.RewardError, match=says):
-            experiment.remote_rewards(url, ["c"], ["a"], [{}], timeout=1.0, retries=2)
+            tiny_grpo.rewards.remote_rewards(url, ["c"], ["a"], [{}], timeout=1.0, retries=2)
         assert time.perf_counter() - started < 6  # two tries of at most a second each, and a second's back-off
     finally:
         close()
@@ -714,11 +717,11 @@ def test_a_wild_reward_reply_is_a_reward_error(experiment, reply, says, monkeypa
     traceback (no save); a 302 turned the POST into a GET; a 500 said "is the service running?" without the service's
     own error; a reply of any size was read whole. Each is now a RewardError, which saves the steps done."""
     if reply is too_large:
-        monkeypatch.setattr(experiment, "MAX_REPLY_BYTES", 1000)
+        monkeypatch.setattr(tiny_grpo.rewards, "MAX_REPLY_BYTES", 1000)
     url, close = raw_server(reply)
     try:
         with pytest.raises(experiment.RewardError) as error:
-            experiment.remote_rewards(url, ["c"], ["a"], [{}], timeout=5.0, retries=1)
+            tiny_grpo.rewards.remote_rewards(url, ["c"], ["a"], [{}], timeout=5.0, retries=1)
         assert says in str(error.value) and "hunter2" not in str(error.value)
     finally:
         close()
@@ -731,7 +734,7 @@ def test_credentials_in_the_reward_url_are_never_printed_nor_stored(experiment, 
 
     url = "http://trainer:hunter2@127.0.0.1:9/reward"  # port 9: nothing listens
     with pytest.raises(experiment.RewardError) as error:
-        experiment.remote_rewards(url, [], [], [], timeout=1.0, retries=1)
+        tiny_grpo.rewards.remote_rewards(url, [], [], [], timeout=1.0, retries=1)
     assert "hunter2" not in str(error.value) and "http://***@127.0.0.1:9/reward" in str(error.value)
     args = experiment.parse_args(["--device", "cpu", "--reward-url", url, "--run-name", "r"])
     assert args.reward_url == url  # the run itself uses it
@@ -765,7 +768,7 @@ def test_credentials_in_the_reward_url_are_sent_as_basic_authentication(experime
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://trainer:hunter2@127.0.0.1:{server.server_address[1]}/reward"
-        assert experiment.remote_rewards(url, ["c"], ["a"], [{}], timeout=5.0, retries=1) == [0.5]
+        assert tiny_grpo.rewards.remote_rewards(url, ["c"], ["a"], [{}], timeout=5.0, retries=1) == [0.5]
     finally:
         server.shutdown()
         server.server_close()
@@ -803,14 +806,14 @@ def test_keep_checkpoints_keeps_the_newest_past_step_999999(name, tmp_path):
 
     module.save_checkpoint(tmp_path / "step_1000000", Model(), optimizer, scheduler, {"step": 1000000}, keep=1)
     assert [p.name for p in tmp_path.iterdir()] == ["step_1000000"]
-    assert [p.name for p in module.checkpoints_in(tmp_path)] == ["step_1000000"]
+    assert [p.name for p in tiny_grpo.checkpoints.checkpoints_in(tmp_path)] == ["step_1000000"]
 
 
 def test_checkpoints_are_ordered_by_step_number(experiment, tmp_path):
     for step in (2, 1000000, 999999, 10):
         (tmp_path / f"step_{step:06d}").mkdir()
     (tmp_path / "step_000003.partial").mkdir()
-    assert [p.name for p in experiment.checkpoints_in(tmp_path)] == ["step_000002", "step_000010", "step_999999",
+    assert [p.name for p in tiny_grpo.checkpoints.checkpoints_in(tmp_path)] == ["step_000002", "step_000010", "step_999999",
                                                                     "step_1000000"]
 
 
@@ -823,7 +826,7 @@ def test_a_reward_fn_of_the_wrong_shape_is_refused_before_the_model_loads(experi
     monkeypatch.chdir(tmp_path)
     with pytest.raises(experiment.InputError, match=r"reward\(completion, answer\) cannot be called as "
                                                     r"reward\(completion, answer, metadata\)"):
-        experiment.load_reward_fn("two_args:reward")
+        tiny_grpo.rewards.load_reward_fn("two_args:reward")
     for option in (["--reward-fn-timeout", "1e300"], ["--reward-timeout", "1e300"]):
         said = fails_with(experiment, ["--device", "cpu", *option], capsys)
         assert option[0] in said and "(0, 1e6]" in said
@@ -834,12 +837,12 @@ def test_a_reward_fn_returning_no_number_is_refused(experiment, tmp_path, monkey
     """A --reward-fn returning the string "0.5" or True was taken as 0.5 or 1.0."""
     (tmp_path / "not_a_number.py").write_text(f"def reward(completion, answer, metadata):\n    return {value}\n")
     monkeypatch.chdir(tmp_path)
-    function = experiment.load_reward_fn("not_a_number:reward")
+    function = tiny_grpo.rewards.load_reward_fn("not_a_number:reward")
     with pytest.raises(experiment.RewardError, match="not a finite number"):
         function("c", "a", {})
     (tmp_path / "numpy_number.py").write_text("import numpy\ndef reward(completion, answer, metadata):\n"
                                               "    return numpy.float32(0.25)\n")
-    assert experiment.load_reward_fn("numpy_number:reward")("c", "a", {}) == 0.25  # any kind of number still counts
+    assert tiny_grpo.rewards.load_reward_fn("numpy_number:reward")("c", "a", {}) == 0.25  # any kind of number still counts
 
 
 @pytest.mark.parametrize("name", SINGLE_PROCESS + ["experiment_accelerate"])
@@ -864,7 +867,7 @@ def test_resume_applies_a_new_learning_rate_and_refuses_other_data(two_steps, ti
     module, run_dir = two_steps
     module.main([str(a) for a in tiny_run(module, tiny_model_dir, tmp_path, "--resume", run_dir, "--lr", "3e-3", steps=3)])
     assert "--lr 0.003 from here on (the checkpoint's run had 0.0001)" in capsys.readouterr().out
-    state = module.load_state_file(run_dir / "step_000003")
+    state = tiny_grpo.checkpoints.load_state_file(run_dir / "step_000003")
     assert state["args"]["lr"] == 3e-3 and state["optimizer"]["param_groups"][0]["lr"] == pytest.approx(3e-3)
     assert state["scheduler"]["base_lrs"] == [3e-3]
     for option, says in ((["--seed", "7"], "--seed 42 there, 7 here"), (["--max-prompts", "4"], "--max-prompts None there, 4 here")):
@@ -1240,10 +1243,10 @@ def test_every_kind_of_reward_url_secret_is_hidden_and_sent_decoded(experiment, 
     """redact stopped at the first '/', so a password holding '/' was printed whole, one holding '@' in part (and the
     wrong one sent); a percent-encoded password was sent still encoded; a ?token= was printed and stored."""
     secret = "hunter2" if auth is None else auth.split(":", 1)[1]
-    assert experiment.credentials(url)[1] == auth
-    assert experiment.redact(url) == ("http://***@127.0.0.1:9/reward" if auth else "http://127.0.0.1:9/reward?***")
+    assert tiny_grpo.options.credentials(url)[1] == auth
+    assert tiny_grpo.options.redact(url) == ("http://***@127.0.0.1:9/reward" if auth else "http://127.0.0.1:9/reward?***")
     with pytest.raises(experiment.RewardError) as error:
-        experiment.remote_rewards(url, ["c"], ["a"], [{}], timeout=1.0, retries=1)
+        tiny_grpo.rewards.remote_rewards(url, ["c"], ["a"], [{}], timeout=1.0, retries=1)
     assert "ter2" not in str(error.value) and "%40" not in str(error.value), str(error.value)
     args = experiment.parse_args(["--device", "cpu", "--reward-url", url])
     args.data_fingerprint = {}
@@ -1331,10 +1334,10 @@ def test_the_data_recorded_is_the_data_read(change, tiny_model_dir, tmp_path, mo
 
     monkeypatch.setattr(module, "rollout", rollout)
     module.main([str(a) for a in argv])
-    state = module.load_state_file(tmp_path / "out" / "r" / "step_000002")
+    state = tiny_grpo.checkpoints.load_state_file(tmp_path / "out" / "r" / "step_000002")
     from conftest import write_jsonl
     write_jsonl(tmp_path / "again.jsonl", [{"question": f"Say {i}", "answer": "7"} for i in range(8)])
-    assert state["data"]["sha256"] == module.data_fingerprint(tmp_path / "again.jsonl")["sha256"]
+    assert state["data"]["sha256"] == tiny_grpo.checkpoints.data_fingerprint(tmp_path / "again.jsonl")["sha256"]
 
 
 def test_run_folders_inside_a_data_folder_are_refused(tiny_model_dir, tmp_path, capsys):
@@ -1351,11 +1354,11 @@ def test_run_folders_inside_a_data_folder_are_refused(tiny_model_dir, tmp_path, 
     argv[argv.index("--checkpoint-path") + 1] = tmp_path / "data" / "out"
     said = fails_with(module, argv, capsys)
     assert "--checkpoint-path" in said and "inside --data-path" in said and not (tmp_path / "data" / "out").exists()
-    before = module.data_fingerprint(str(tmp_path / "data"))
+    before = tiny_grpo.checkpoints.data_fingerprint(str(tmp_path / "data"))
     (tmp_path / "data" / "notes.txt").write_text("not data")
     (tmp_path / "data" / ".cache").mkdir()
     (tmp_path / "data" / ".cache" / "x.json").write_text("{}")
-    assert module.data_fingerprint(str(tmp_path / "data")) == before
+    assert tiny_grpo.checkpoints.data_fingerprint(str(tmp_path / "data")) == before
 
 
 def started(argv, cwd, **popen):

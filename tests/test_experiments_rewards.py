@@ -7,6 +7,8 @@ import time
 import pytest
 
 from conftest import ROOT, load_experiment, tensorboard_scalars, write_jsonl
+import tiny_grpo.answers
+import tiny_grpo.rewards
 
 THINK = "<think>I add the two numbers carefully.</think>"
 
@@ -62,7 +64,7 @@ def test_knights_and_knaves_generated_answers_parse(task_experiment):
 
     row = json.loads((ROOT / "data" / "knights_knaves_eval.jsonl").read_text().splitlines()[0])
     assert task_experiment.correctness(f"<think>x</think><answer>{row['answer']}</answer>", row["answer"], "knights_knaves") == 1.0
-    assert set(task_experiment.reference_roles(row["answer"])) == {n.lower() for n in row["names"]}
+    assert set(tiny_grpo.answers.reference_roles(row["answer"])) == {n.lower() for n in row["names"]}
 
 
 @pytest.mark.parametrize("completion, score", [
@@ -249,7 +251,7 @@ def test_a_module_raising_attribute_error_on_import_is_a_failed_import(task_expe
     monkeypatch.setattr(sys, "path", list(sys.path))  # load_reward_fn appends the working directory
     with pytest.raises(task_experiment.InputError, match="--reward-fn bad_import:f: cannot import bad_import: "
                                                          "AttributeError: module 'math' has no attribute"):
-        task_experiment.load_reward_fn("bad_import:f")
+        tiny_grpo.rewards.load_reward_fn("bad_import:f")
 
 
 def test_a_raising_reward_function_names_the_example(task_experiment, reward_module):
@@ -317,7 +319,7 @@ def test_reward_service_down(task_experiment):
 def test_reward_service_bad_request_is_not_retried(task_experiment, reward_server):
     url = reward_server()
     with pytest.raises(task_experiment.RewardError, match="HTTP 400"):
-        task_experiment.remote_rewards(url, ["a", "b"], ["1"], [{}, {}])
+        tiny_grpo.rewards.remote_rewards(url, ["a", "b"], ["1"], [{}, {}])
 
 
 # ---- each task end to end ----

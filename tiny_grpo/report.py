@@ -1,0 +1,206 @@
+"""What a run shows: TensorBoard and W&B, each step's metrics, the phases' memory peaks, the progress bar and the
+closing line; train_step's statistics and its gradient's clipping."""
+
+import contextlib, hashlib, math, os, re, resource, sys  # noqa: E401
+from pathlib import Path
+
+import torch
+
+from tiny_grpo.errors import DivergedError
+from tiny_grpo.options import recorded_options, redact
+from tiny_grpo.stopping import say
+
+class StepStatistics:
+    """What train_step logs, as means over a step: the loss terms over its updates (each micro-batch by its share of
+    its mini-batch), the gradient norm and the learning rate over its updates, the entropy over the sequences that
+    ran. updates: the step's optimizer updates."""
+
+    def __init__(self, kl, updates):
+        self.logged = ["loss", "clip_fraction"] + (["kl"] if kl else [])
+        self.totals = dict.fromkeys(self.logged + ["grad_norm", "lr"], 0.0)
+        self.updates, self.done, self.last_loss = updates, 0, math.nan
+        self.entropy_sum, self.ran = 0.0, 0
+
+    def add(self, loss, stats, share, entropy, mask):
+        """A micro-batch's loss and grpo_loss' statistics; share: its part of its mini-batch."""
+        self.last_loss = loss.item()
+        stats.update(loss=self.last_loss)
+        for name in self.logged:
+            self.totals[name] += stats[name] * (share / self.updates)
+        self.entropy_sum, self.ran = self.entropy_sum + ((entropy * mask).sum() / mask.sum().clamp(min=1)).item() * len(mask), self.ran + len(mask)
+
+    def update(self, grad_norm, optimizer):
+        """An optimizer update about to be made: its gradient norm and learning rate."""
+        self.totals["grad_norm"] += grad_norm.item() / self.updates
+        self.totals["lr"] += optimizer.param_groups[0]["lr"] / self.updates  # the rate used
+        self.done += 1
+
+    def means(self):
+        return {**self.totals, **({"entropy": self.entropy_sum / self.ran} if self.ran else {})}
+
+def clip_gradients(model, max_norm, stats):
+    """torch.nn.utils.clip_grad_norm_ over the trainable weights, after a zero gradient for those no sequence reached
+    (the update still steps, as it would on zero gradients). A norm of inf or nan stops the run (DivergedError) before
+    an update is made with it. Returns the norm before clipping."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    if not torch.isfinite(grad_norm):
+        raise DivergedError(grad_norm.item(), stats.last_loss, stats.done)
+    return grad_norm
+
+class Logger:
+    """TensorBoard always; Weights & Biases with --wandb, its files in the same claimed folder, LOG_DIR/RUN_NAME/wandb.
+    A logger that fails (a full disk) is dropped with one warning: the run goes on, its checkpoints still saved."""
+
+    def __init__(self, args, resumed_step):
+        from torch.utils.tensorboard import SummaryWriter
+
+        folder = Path(args.log_dir) / args.run_name
+        # purge_step drops the events a crashed run wrote after its last checkpoint
+        self.writer = SummaryWriter(folder, purge_step=resumed_step + 1 if resumed_step else None)
+        self.wandb = None
+        if args.wandb:
+            import wandb
+
+            # one W&B run per run folder: the same --run-name under another --checkpoint-path is another run
+            owner = hashlib.sha1(str((Path(args.checkpoint_path) / args.run_name).resolve()).encode()).hexdigest()[:8]
+            if args.reward_url:  # W&B stores the command line (sys.argv) in its run files, and `wandb sync` uploads it
+                sys.argv[:] = [word.replace(args.reward_url, redact(args.reward_url)) for word in sys.argv]
+            # W&B's service writes its debug logs under WANDB_CACHE_DIR (else ~/.cache/wandb): the run's, unless set
+            ours = "WANDB_CACHE_DIR" not in os.environ
+            os.environ.setdefault("WANDB_CACHE_DIR", str(folder / "wandb" / "cache"))
+            try:
+                self.wandb = wandb.init(project=args.wandb_project, name=args.run_name, id=f"{args.run_name}-{owner}",
+                                        resume="allow", config=recorded_options(args), dir=folder)
+            finally:
+                if ours:
+                    del os.environ["WANDB_CACHE_DIR"]
+
+    def scalars(self, metrics, step):
+        self.each(lambda writer: [writer.add_scalar(name, value, step) for name, value in metrics.items()],
+                  lambda run: run.log(metrics, step=step))
+
+    def text(self, name, text, step):
+        self.each(lambda writer: writer.add_text(name, text, step), lambda run: run.log({name: text}, step=step))
+
+    def close(self):
+        self.each(lambda writer: writer.close(), lambda run: run.finish())
+
+    def each(self, tensorboard, wandb):
+        for attribute, write in (("writer", tensorboard), ("wandb", wandb)):
+            if getattr(self, attribute) is not None:
+                try:
+                    write(getattr(self, attribute))
+                except OSError as e:  # a full disk, a folder gone: the run matters more than its curves
+                    setattr(self, attribute, None)
+                    print(f"logging to {'TensorBoard' if attribute == 'writer' else 'W&B'} failed ({e}); training "
+                          "goes on without it, and checkpoints are still saved", file=sys.stderr)
+
+def step_metrics(result, rewards, stats, rollout_seconds, seconds, memory):
+    """What a step logs: the rollout's rewards and terms, train_step's statistics, time and memory."""
+    generated = result.action_mask.sum().item()
+    return {
+        "rollout/reward_mean": rewards.mean().item(),
+        "rollout/reward_std": rewards.std().item(),
+        "rollout/reward_min": rewards.min().item(),
+        "rollout/reward_max": rewards.max().item(),
+        "rollout/format_rate": result.terms["format"].mean().item(),
+        "rollout/accuracy": (result.terms["correctness"] == 1).float().mean().item(),
+        **{f"rollout/reward_{name}": values.mean().item() for name, values in result.terms.items()},
+        "rollout/completion_length": generated / len(result.completions),
+        "rollout/zero_spread_groups": (rewards.max(1).values == rewards.min(1).values).float().mean().item(),
+        **{f"train/{k}": v for k, v in stats.items()},
+        "perf/step_seconds": seconds,
+        "perf/rollout_seconds": rollout_seconds,
+        "perf/tokens_per_second": generated / rollout_seconds,
+        **memory.metrics(),  # each phase's memory peak, and the run's
+    }
+
+class PhasePeaks:
+    """Each phase's own memory peak, every step (perf/sampling_peak_gb, perf/training_peak_gb): on CUDA the allocator's
+    peak allocated bytes, and reserved (..._reserved_gb), reset at the phase's start; on a CPU the process's resident
+    peak (VmHWM), reset through /proc/self/clear_refs (where the kernel refuses that: the peak since the start). A phase
+    entered twice in a step keeps the higher peak. perf/memory_gb stays the run's peak so far, phases or not."""
+
+    def __init__(self, device):
+        self.device, self.cuda, self.values, self.most = device, device.startswith("cuda"), {}, 0.0
+
+    @contextlib.contextmanager
+    def phase(self, name):
+        self.reset()
+        yield
+        for kind, value in zip(("peak", "reserved"), self.peak()):
+            if value is not None:
+                key = f"perf/{name}_{kind}_gb"
+                self.values[key] = max(value, self.values.get(key, 0.0))
+
+    def reset(self):
+        self.most = max(self.most, self.peak()[0])  # what came before the phase (an evaluation, say) counts for the run
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+            return
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # resets this process's VmHWM to its resident size now
+        except OSError:
+            pass
+
+    def peak(self):
+        """(peak GB since the last reset, reserved peak GB on CUDA or None)."""
+        if self.cuda:
+            return torch.cuda.max_memory_allocated(self.device) / 2**30, torch.cuda.max_memory_reserved(self.device) / 2**30
+        try:
+            return int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text())[1]) / 2**20, None
+        except (OSError, TypeError):  # no /proc: the peak since the start (Linux reports KiB)
+            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, None
+
+    def metrics(self):
+        """The step's phase peaks and the run's peak; the phases start afresh for the next step."""
+        self.most = max(self.most, self.peak()[0])
+        values, self.values = self.values, {}
+        return {**values, "perf/memory_gb": self.most}
+
+def report(logger, progress, args, step, result, rewards, stats, seconds, memory, evals, tasks):
+    """Log a step (TensorBoard, W&B): step_metrics and the held-out evaluation if one ran; every
+    --log-completions-interval steps a few completions; then the progress bar, its postfix the step's mean reward,
+    KL and the held-out accuracy so far."""
+    metrics = {**step_metrics(result, rewards, stats, *seconds, memory), **evals.get(step, {})}
+    if args.log_completions_interval and step % args.log_completions_interval == 0:
+        logger.text("rollout/completions", sample_text(result, tasks, args.group_size), step)
+    logger.scalars(metrics, step)
+    advance_bar(progress, metrics, stats, evals)
+
+def advance_bar(progress, metrics, stats, evals):
+    """One step on the progress bar, its postfix the step's mean reward, KL and the held-out accuracy so far. A bar
+    that cannot be drawn (its pipe closed: `| head`, or `| less` then q) is dropped with one warning, as a logger
+    is: the run trains on, its checkpoints still saved."""
+    try:
+        progress.update(1)
+        progress.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", kl=f"{stats.get('kl', 0):.4f}",
+                             held_out=held_out(evals))
+    except OSError as e:
+        progress.disable = True
+        say(f"the progress bar cannot be drawn ({e}); training goes on without it, and checkpoints are still saved")
+
+def held_out(evals, problems=None):
+    """The held-out accuracy at the first and last evaluations of this run ({step: evaluate's metrics}): '3% -> 55%'
+    for the progress bar; with problems, the closing line's '; held-out accuracy 3% at step 0 -> 55% at step 20 (100
+    problems, greedy)'."""
+    if not evals:
+        return ""
+    first, last = min(evals), max(evals)
+    accuracy = {s: f"{evals[s]['eval/accuracy']:.0%}" for s in (first, last)}
+    if problems is None:
+        return f"{accuracy[first]} -> {accuracy[last]}" if first != last else accuracy[last]
+    span = f"{accuracy[first]} at step {first} -> " if first != last else ""
+    return f"; held-out accuracy {span}{accuracy[last]} at step {last} ({problems} problems, greedy)"
+
+def sample_text(rollout, tasks, group_size, count=4):
+    rows = []
+    for i in range(min(count, len(rollout.completions))):
+        rows.append(f"**Q:** {tasks[i // group_size]['question']}  \n**completion:** `{rollout.completions[i]!r}`  \n"
+                    f"**reward:** {rollout.rewards[i].item():.2f}")
+    return "\n\n".join(rows)
