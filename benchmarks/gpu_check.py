@@ -103,7 +103,7 @@ def decode(args, save):
     ways, made = {"eager": decoding.DecodeBatch, "graph": lambda *a: decoding.GraphDecode(*a, graphs=cuda)}, []
 
     def rollout(way, tokens):
-        base.decode_batch = lambda *a: made.append(ways[way](*a)) or made[-1]
+        decoding.decode_batch = lambda *a: made.append(ways[way](*a)) or made[-1]
         torch.manual_seed(0)
         if cuda:
             torch.cuda.synchronize()

@@ -57,12 +57,12 @@ def switch_off(base, config):
     if config == "keep_ended":
         tiny_grpo.decode.ENDED_SHARE = 2.0  # above 1: never drop
     if config == "hf_prefill":  # the model's forward slices the last position itself: a strided [B, 1, H] matmul
-        original = base.body_and_head
+        original = tiny_grpo.decode.body_and_head
 
         def body_and_head(model):
             body, head = original(model)
             return body, lambda hidden: head(hidden.unsqueeze(1)).squeeze(1)
-        base.body_and_head = body_and_head
+        tiny_grpo.decode.body_and_head = body_and_head  # the fast decode's prefill
     if config == "full_logits":
         def sequence_log_probs(model, input_ids, attention_mask, num_actions=None, temperature=1.0):
             position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)

@@ -92,7 +92,7 @@ def measure(args):
 
     model.eval()
     with torch.no_grad():  # KV cache per token, from a real cache
-        cache = base.body_and_head(model)[0](input_ids=ids, attention_mask=mask, use_cache=True).past_key_values
+        cache = tiny_grpo.logprobs.body_and_head(model)[0](input_ids=ids, attention_mask=mask, use_cache=True).past_key_values
         kv = sum(t.nbytes for layer in cache.layers for t in (layer.keys, layer.values)) / args.measure_tokens
 
     model.train()  # what the forward keeps for the backward pass, with checkpointing (the default)
@@ -105,10 +105,10 @@ def measure(args):
         keep = saved_bytes(lambda: base.sequence_log_probs(model, ids, mask, args.measure_tokens // 2)[0].sum(), model) / args.measure_tokens
     finally:
         head.requires_grad_(False)
-    layer = base.body_and_head(model)[0].layers[0]
+    layer = tiny_grpo.logprobs.body_and_head(model)[0].layers[0]
     hidden = torch.randn(1, args.measure_tokens, config.hidden_size, dtype=torch.bfloat16, requires_grad=True)
     positions = torch.arange(args.measure_tokens)[None]
-    rotary = base.body_and_head(model)[0].rotary_emb(hidden, positions)
+    rotary = tiny_grpo.logprobs.body_and_head(model)[0].rotary_emb(hidden, positions)
     model.eval()  # checkpointing is off outside training mode: the layer keeps all it needs, as when recomputed
     recompute = saved_bytes(lambda: layer(hidden, attention_mask=None, position_embeddings=rotary,
                                           position_ids=positions), model) / args.measure_tokens

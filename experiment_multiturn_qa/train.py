@@ -45,9 +45,9 @@ import torch
 from tiny_grpo.answers import check_finite
 from tiny_grpo.checkpoints import claim_run, resume, save_checkpoint, training_state
 from tiny_grpo.data import FILTER_VALUES_SHOWN, as_text, filter_matches, filter_text, next_prompts, read_rows
-from tiny_grpo.decode import decode_batch, draw, ends_with_stop_string, nucleus, pad_right, stop_token_ids
+from tiny_grpo.decode import draw, ends_with_stop_string, nucleus, pad_right, sample_fast, stop_token_ids
 from tiny_grpo.errors import DivergedError, InputError, RewardError
-from tiny_grpo.logprobs import body_and_head, fast_log_probs
+from tiny_grpo.logprobs import fast_log_probs
 from tiny_grpo.models import (CACHE_DIR, attention_implementation, chat_prompt, keep_quantized_layout, load_tokenizer,
     resolve_dtype, resolve_model_path, sampling_weights, uncast_lora_inputs)
 from tiny_grpo.options import (HelpFormatter, data_path, folder_name, folder_path, has_splits, http_url, integer, real,
@@ -342,32 +342,41 @@ def sample_token(logits, temperature, top_p, uniforms=None):
     return draw(probs, uniforms)  # one id per row, id i with probability p_i, exactly (a float32 cumsum is not)
 
 @torch.no_grad()
-def sample(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, temperature, top_p):
+def sample(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, temperature, top_p, plain=False):
     """Sample group_size completions for each prompt: returns completion ids [B*G, T] and action mask [B*G, T].
     The prompts are prefilled once and their KV cache repeated G times; then every step draws one token per row from
     softmax(logits / T). A completion ends at its first EOS (an action: the model learns to stop) or at one of
     STOP_STRINGS; the loop ends when every completion has ended or the budget max_length is spent.
 
     Why not model.generate: it repeats each prompt G times before the prefill; a generation_config may add a top-k,
-    so that the tokens would not come from the distribution the loss takes log-probs of; and EOS is an action here."""
-    body, head = body_and_head(model)  # the transformer; the output layer, for the rows that need logits
+    so that the tokens would not come from the distribution the loss takes log-probs of; and EOS is an action here.
+    A run takes sample_fast (tiny_grpo/decode.py), the same loop's fast form: rows that ended leave the batch, the
+    cache gets its room once, on CUDA a step is one CUDA graph (test_sample_fast_draws_the_plain_loops_tokens)."""
+    if not plain:
+        return sample_fast(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, temperature, top_p,
+                           sample_token, STOP_STRINGS)
     stop_ids = torch.tensor(stop_token_ids(model, tokenizer), device=prompt_ids.device)  # EOS, and the config's
     positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # left padding: positions count real tokens only
-    out = body(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, use_cache=True)  # prefill
-    out.past_key_values.batch_repeat_interleave(group_size)  # each prompt's cache, once for each of its G completions
-    logits = head(out.last_hidden_state[:, -1]).repeat_interleave(group_size, dim=0)
-    batch = decode_batch(body, head, out.past_key_values, prompt_mask.repeat_interleave(group_size, dim=0), max_length)
-    finished = torch.zeros(batch.rows, dtype=torch.bool, device=prompt_ids.device)
+    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, use_cache=True,
+                logits_to_keep=1)  # the prefill: the prompts' KV cache, and the logits of their last position
+    cache, mask = out.past_key_values, prompt_mask.repeat_interleave(group_size, dim=0)
+    cache.batch_repeat_interleave(group_size)  # each prompt's cache, once for each of its G completions
+    logits = out.logits[:, -1].repeat_interleave(group_size, dim=0)
+    finished = torch.zeros(len(mask), dtype=torch.bool, device=prompt_ids.device)
     tokens, actions = [], []
     for t in range(max_length):
-        next_ids = batch.draw(logits, temperature, top_p, tokenizer.pad_token_id, sample_token)  # a_t ~ pi(. | s_t): sample_token
+        uniforms = torch.rand(2, len(mask), 1, dtype=torch.float64, device=mask.device) if temperature else None
+        next_ids = sample_token(logits, temperature, top_p, uniforms)  # a_t ~ pi(. | s_t)
         next_ids = next_ids.masked_fill(finished, tokenizer.pad_token_id)
         tokens.append(next_ids)
         actions.append(~finished)  # a token is an action if its sequence had not ended before it
         finished = finished | torch.isin(next_ids, stop_ids) | ends_with_stop_string(tokenizer, tokens, finished, STOP_STRINGS)
         if finished.all() or t == max_length - 1:
             break
-        logits = batch.step(next_ids, actions[-1], finished)  # s_t+1: one more position for the rows still running
+        mask = torch.cat([mask, actions[-1].long()[:, None]], dim=1)  # s_t+1: one more position
+        out = model(input_ids=next_ids[:, None], attention_mask=mask, position_ids=mask.sum(-1, keepdim=True) - 1,
+                    past_key_values=cache, use_cache=True)
+        logits = out.logits[:, -1]
     return torch.stack(tokens, dim=1), torch.stack(actions, dim=1).long()
 
 def add_turn(episode, turn, tokenizer, stop_ids, max_length, max_turns):

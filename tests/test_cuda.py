@@ -138,11 +138,11 @@ def test_the_decode_cache_fills_in_place_on_cuda(base_on_cuda, monkeypatch):
     draw the same tokens as with the library's update (on the CPU tested in float32; here 4-bit bf16)."""
     base, args, model, tokenizer = base_on_cuda
     model.eval()
-    monkeypatch.setattr(base, "stop_token_ids", lambda *args: list(range(5, 25)))  # rows end at varied steps
+    monkeypatch.setattr(tiny_grpo.decode, "stop_token_ids", lambda *args: list(range(5, 25)))  # rows end at varied steps
     monkeypatch.setattr(tiny_grpo.decode, "ENDED_SHARE", 0.25)
     prompts = tokenizer(["What is 1 + 2?", "Say something long"], return_tensors="pt", padding=True).to("cuda")
     reserve = tiny_grpo.decode.reserve_cache
-    monkeypatch.setattr(base, "decode_batch", tiny_grpo.decode.DecodeBatch)  # not the CUDA graph's static cache
+    monkeypatch.setattr(tiny_grpo.decode, "decode_batch", tiny_grpo.decode.DecodeBatch)  # not the CUDA graph's static cache
 
     def sample(in_place):
         monkeypatch.setattr(tiny_grpo.decode, "reserve_cache", lambda cache, tokens: in_place and reserve(cache, tokens))
@@ -164,13 +164,13 @@ def test_the_graph_decode_step_on_cuda(base_on_cuda, monkeypatch):
     than over the filled part would be the first suspect."""
     base, args, model, tokenizer = base_on_cuda
     model.eval()
-    monkeypatch.setattr(base, "stop_token_ids", lambda *args: list(range(5, 25)))  # rows end at varied steps
+    monkeypatch.setattr(tiny_grpo.decode, "stop_token_ids", lambda *args: list(range(5, 25)))  # rows end at varied steps
     monkeypatch.setattr(tiny_grpo.decode, "ENDED_SHARE", 2.0)  # DecodeBatch keeps every row, as the graph does
     prompts = tokenizer(["What is 1 + 2?", "Say something long"], return_tensors="pt", padding=True).to("cuda")
-    made, decode_batch = [], base.decode_batch
+    made, decode_batch = [], tiny_grpo.decode.decode_batch
 
     def sample(chooser):
-        monkeypatch.setattr(base, "decode_batch", lambda *args: made.append(chooser(*args)) or made[-1])
+        monkeypatch.setattr(tiny_grpo.decode, "decode_batch", lambda *args: made.append(chooser(*args)) or made[-1])
         torch.manual_seed(3)
         return base.sample(model, tokenizer, prompts.input_ids, prompts.attention_mask, 8, 30, 1.0, 1.0)
 

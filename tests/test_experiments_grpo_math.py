@@ -629,15 +629,39 @@ def test_sampler_distribution_over_several_blocks(experiment):
     assert counts.sum() == pytest.approx(1.0) and counts[:511].sum() - counts[3] == pytest.approx(0.2 * 509 / 996, abs=0.012)
 
 
+@pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.7, 0.9), (0.0, 1.0)])
+def test_sample_fast_draws_the_plain_loops_tokens(tiny_model_dir, monkeypatch, temperature, top_p):
+    """sample's plain loop (the model's forward, then sample_token, at each step: what the story shows) and
+    sample_fast (the form a run takes: the output layer apart, rows that ended leaving the batch, the cache's room
+    reserved once) draw the same tokens and action masks from one seed, at three sampling settings."""
+    from conftest import load_tiny
+
+    module, model, tokenizer = load_tiny(load_experiment("experiment_base"), tiny_model_dir)
+    for where in (module, tiny_grpo.decode):  # rows end at varied steps, so that ended rows leave the fast batch
+        monkeypatch.setattr(where, "stop_token_ids", lambda *args: list(range(5, 25)))
+    monkeypatch.setattr(tiny_grpo.decode, "ENDED_SHARE", 0.25)
+    prompts = tokenizer(["What is 1 + 2?", "Say something long"], return_tensors="pt", padding=True)
+
+    def completions(plain):
+        torch.manual_seed(3)
+        return module.sample(model, tokenizer, prompts.input_ids, prompts.attention_mask, 8, 30, temperature, top_p,
+                             plain=plain)
+
+    (fast_ids, fast_actions), (ids, actions) = completions(False), completions(True)
+    assert torch.equal(fast_ids, ids) and torch.equal(fast_actions, actions)
+    lengths = actions.sum(1)
+    assert lengths.min() < lengths.max() <= 30  # rows ended at different steps: the fast batch shrank
+
+
 @pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.7, 0.9)])  # greedy draws nothing: nothing to keep apart
 def test_ended_rows_leave_the_batch_and_the_tokens_stay_the_same(tiny, monkeypatch, temperature, top_p):
     """Rows that have ended leave the decode batch and the KV cache (they were computed to the last step); each
     row's draws must not depend on which other rows still run: the same seed gives the same tokens and masks with
     rows dropped as with every row kept to the end."""
     experiment, model, tokenizer = tiny
-    monkeypatch.setattr(experiment, "stop_token_ids", lambda *args: list(range(5, 25)))  # rows end at varied steps
+    monkeypatch.setattr(tiny_grpo.decode, "stop_token_ids", lambda *args: list(range(5, 25)))  # rows end at varied steps
     prompts = tokenizer(["What is 1 + 2?", "Say something long"], return_tensors="pt", padding=True)
-    body, head = experiment.body_and_head(model)
+    body, head = tiny_grpo.logprobs.body_and_head(model)
     widths = []
 
     def counting(model):  # the decode batch's rows at each forward pass
@@ -646,7 +670,7 @@ def test_ended_rows_leave_the_batch_and_the_tokens_stay_the_same(tiny, monkeypat
             return body(**kwargs)
         return forward, head
 
-    monkeypatch.setattr(experiment, "body_and_head", counting)
+    monkeypatch.setattr(tiny_grpo.decode, "body_and_head", counting)
 
     def completions(ended_share):
         monkeypatch.setattr(tiny_grpo.decode, "ENDED_SHARE", ended_share)
@@ -669,9 +693,9 @@ def test_the_static_decode_step_draws_decode_batchs_tokens(tiny, monkeypatch, te
     replays as one CUDA graph) run eagerly here: the same tokens and masks as DecodeBatch's for the same seed, rows
     ending at different steps, and logits within float32 rounding at every step; and decode_batch picks it on CUDA only."""
     experiment, model, tokenizer = tiny
-    monkeypatch.setattr(experiment, "stop_token_ids", lambda *args: list(range(5, 25)))  # rows end at varied steps
+    monkeypatch.setattr(tiny_grpo.decode, "stop_token_ids", lambda *args: list(range(5, 25)))  # rows end at varied steps
     prompts = tokenizer(["What is 1 + 2?", "Say something long"], return_tensors="pt", padding=True)
-    logits, decode_batch = {}, experiment.decode_batch
+    logits, decode_batch = {}, tiny_grpo.decode.decode_batch
 
     def completions(kind):
         def chosen(body, head, cache, mask, max_length):
@@ -681,7 +705,7 @@ def test_the_static_decode_step_draws_decode_batchs_tokens(tiny, monkeypatch, te
             batch.step = lambda *args: logits.setdefault(kind, []).append(step(*args)) or logits[kind][-1]
             return batch
 
-        monkeypatch.setattr(experiment, "decode_batch", chosen)
+        monkeypatch.setattr(tiny_grpo.decode, "decode_batch", chosen)
         torch.manual_seed(3)
         return experiment.sample(model, tokenizer, prompts.input_ids, prompts.attention_mask, 8, 30, temperature, top_p)
 
@@ -694,7 +718,7 @@ def test_the_static_decode_step_draws_decode_batchs_tokens(tiny, monkeypatch, te
     assert len(logits["static"]) == len(logits["dynamic"]) >= 2
     for static, dynamic in zip(logits["static"], logits["dynamic"]):  # every row, ended ones (pad) included
         torch.testing.assert_close(static, dynamic, rtol=1e-5, atol=1e-5)
-    body, head = experiment.body_and_head(model)
+    body, head = tiny_grpo.logprobs.body_and_head(model)
     out = body(input_ids=prompts.input_ids, attention_mask=prompts.attention_mask, use_cache=True)
     assert type(decode_batch(body, head, out.past_key_values, prompts.attention_mask, 4)) is tiny_grpo.decode.DecodeBatch
 
@@ -715,7 +739,7 @@ def test_the_decode_cache_fills_in_place_and_the_tokens_stay_the_same(tiny, monk
                                   pad_token_id=tokenizer.pad_token_id, attn_implementation="sdpa")
         torch.manual_seed(0)
         model = Gemma3ForCausalLM(config).float().eval()
-    monkeypatch.setattr(experiment, "stop_token_ids", lambda *args: list(range(5, 25)))  # rows end at varied steps
+    monkeypatch.setattr(tiny_grpo.decode, "stop_token_ids", lambda *args: list(range(5, 25)))  # rows end at varied steps
     monkeypatch.setattr(tiny_grpo.decode, "ENDED_SHARE", 0.25)
     prompts = tokenizer(["What is 1 + 2?", "Say something long"], return_tensors="pt", padding=True)
     caches, reserve = [], tiny_grpo.decode.reserve_cache

@@ -5,6 +5,8 @@ import functools, sys, weakref  # noqa: E401
 
 import torch
 
+from tiny_grpo.logprobs import body_and_head
+
 ENDED_SHARE = 0.25  # ended rows leave the decode batch once this share of it has ended (above 1: never); README
 
 class DecodeBatch:
@@ -219,6 +221,33 @@ def stop_token_ids(model, tokenizer):
     config_eos = getattr(model.generation_config, "eos_token_id", None)
     ids.update(config_eos if isinstance(config_eos, list) else [config_eos])
     return sorted(i for i in ids if i is not None)
+
+@torch.no_grad()
+def sample_fast(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, temperature, top_p, sample_token,
+                stop_strings):
+    """The fast form of a train.py's sample(plain=True), the same tokens (test_sample_fast_draws_the_plain_loops_tokens):
+    the transformer and its output layer apart, logits for the last position only; decode_batch's steps, in which
+    rows that ended leave the batch, each row draws its own uniforms, the KV cache gets its room once, and on CUDA
+    a step is one CUDA graph. sample_token and stop_strings are the train.py's."""
+    body, head = body_and_head(model)  # the transformer; the output layer, for the rows that need logits
+    stop_ids = torch.tensor(stop_token_ids(model, tokenizer), device=prompt_ids.device)  # EOS, and the config's
+    positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # left padding: positions count real tokens only
+    out = body(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, use_cache=True)  # prefill
+    out.past_key_values.batch_repeat_interleave(group_size)  # each prompt's cache, once for each of its G completions
+    logits = head(out.last_hidden_state[:, -1]).repeat_interleave(group_size, dim=0)
+    batch = decode_batch(body, head, out.past_key_values, prompt_mask.repeat_interleave(group_size, dim=0), max_length)
+    finished = torch.zeros(batch.rows, dtype=torch.bool, device=prompt_ids.device)
+    tokens, actions = [], []
+    for t in range(max_length):
+        next_ids = batch.draw(logits, temperature, top_p, tokenizer.pad_token_id, sample_token)  # a_t ~ pi(. | s_t): sample_token
+        next_ids = next_ids.masked_fill(finished, tokenizer.pad_token_id)
+        tokens.append(next_ids)
+        actions.append(~finished)  # a token is an action if its sequence had not ended before it
+        finished = finished | torch.isin(next_ids, stop_ids) | ends_with_stop_string(tokenizer, tokens, finished, stop_strings)
+        if finished.all() or t == max_length - 1:
+            break
+        logits = batch.step(next_ids, actions[-1], finished)  # s_t+1: one more position for the rows still running
+    return torch.stack(tokens, dim=1), torch.stack(actions, dim=1).long()
 
 def ends_with_stop_string(tokenizer, tokens, finished, stop_strings):
     """True for running sequences whose last tokens spell one of stop_strings (a token holds one character or more).
