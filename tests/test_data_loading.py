@@ -15,6 +15,7 @@ import pytest
 from conftest import ROOT, fails_with, write_jsonl
 import tiny_grpo.answers
 import tiny_grpo.rewards
+import tiny_grpo.errors
 
 ROWS = [
     {"question": "What is 1 + 1?", "answer": "2", "level": 1},
@@ -353,7 +354,7 @@ def test_a_reward_fn_that_uses_math_verify_works(experiment, tmp_path, monkeypat
     monkeypatch.setattr(sys, "path", list(sys.path))
     function = tiny_grpo.rewards.load_reward_fn(f"{name}:reward", timeout=0.5)
     started = time.monotonic()
-    with pytest.raises(experiment.RewardError, match="TimeoutError: no result within 0.5 s"):
+    with pytest.raises(tiny_grpo.errors.RewardError, match="TimeoutError: no result within 0.5 s"):
         function("c", "a", {})
     assert time.monotonic() - started < 15
 

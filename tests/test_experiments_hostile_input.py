@@ -11,8 +11,10 @@ import torch
 
 from conftest import EXPERIMENTS, ROOT, SINGLE_PROCESS, hang_guard, load_experiment
 import tiny_grpo.checkpoints
+import tiny_grpo.errors
 import tiny_grpo.options
 import tiny_grpo.rewards
+import tiny_grpo.stopping
 
 
 class RunsCode:
@@ -86,7 +88,7 @@ def test_a_reward_that_is_inf_in_float32_stops_the_run(experiment, tmp_path, mon
     (tmp_path / "huge_reward.py").write_text("def reward(completion, answer, metadata):\n    return 1e308\n")
     monkeypatch.chdir(tmp_path)
     score = experiment.Scorer(reward_fn="huge_reward:reward")
-    with pytest.raises(experiment.RewardError, match="must be a finite float32 number"):
+    with pytest.raises(tiny_grpo.errors.RewardError, match="must be a finite float32 number"):
         score(["<answer>1</answer>"], ["1"], [{}])
 
 
@@ -95,7 +97,7 @@ def test_rewards_whose_spread_overflows_are_refused(experiment):
     GRPO's advantages were silently 0. Every Scorer checks its rewards with check_finite."""
     rewards = torch.tensor([3e38, -3e38])
     assert torch.isinf(rewards.std())  # what GRPO's advantages would have divided by
-    with pytest.raises(experiment.RewardError, match="within \\+-1e\\+18"):
+    with pytest.raises(tiny_grpo.errors.RewardError, match="within \\+-1e\\+18"):
         experiment.check_finite(rewards, {"custom": rewards}, ["<answer>1</answer>", "<answer>2</answer>"], ["1", "1"])
 
 
@@ -412,7 +414,7 @@ def test_a_broken_reward_service_is_a_reward_error(experiment, reply, says):
     url, close = raw_server(reply)
     try:
         started = time.perf_counter()
-        with pytest.raises(experiment.RewardError, match=says):
+        with pytest.raises(tiny_grpo.errors.RewardError, match=says):
             tiny_grpo.rewards.remote_rewards(url, ["c"], ["a"], [{}], timeout=1.0, retries=2)
         assert time.perf_counter() - started < 6  # two tries of at most a second each, and a second's back-off
     finally:
@@ -610,14 +612,13 @@ class Closes:
         pass
 
 
-@pytest.mark.parametrize("name", [name for name in EXPERIMENTS if name != "experiment_accelerate_ddp"])
-def test_a_second_ctrl_c_neither_raises_nor_cuts_the_save_short(name, signal_handlers, tmp_path):
+def test_a_second_ctrl_c_neither_raises_nor_cuts_the_save_short(signal_handlers, tmp_path):
     """Ctrl-C pressed again while an interrupted run saved raised KeyboardInterrupt inside the save: a traceback,
     and only step_N.partial left. Now the first signal stops the run, later ones are let pass, and the save completes.
     (experiment_accelerate_ddp's handler only takes note, all processes stopping together: it never raised.)"""
     import signal
 
-    module = load_experiment(name)
+    module = tiny_grpo.stopping  # every experiment's but experiment_accelerate_ddp's
     interrupts = module.Interrupts()
     with pytest.raises(KeyboardInterrupt):
         os.kill(os.getpid(), signal.SIGINT)
@@ -720,7 +721,7 @@ def test_a_wild_reward_reply_is_a_reward_error(experiment, reply, says, monkeypa
         monkeypatch.setattr(tiny_grpo.rewards, "MAX_REPLY_BYTES", 1000)
     url, close = raw_server(reply)
     try:
-        with pytest.raises(experiment.RewardError) as error:
+        with pytest.raises(tiny_grpo.errors.RewardError) as error:
             tiny_grpo.rewards.remote_rewards(url, ["c"], ["a"], [{}], timeout=5.0, retries=1)
         assert says in str(error.value) and "hunter2" not in str(error.value)
     finally:
@@ -733,7 +734,7 @@ def test_credentials_in_the_reward_url_are_never_printed_nor_stored(experiment, 
     from conftest import fails_with
 
     url = "http://trainer:hunter2@127.0.0.1:9/reward"  # port 9: nothing listens
-    with pytest.raises(experiment.RewardError) as error:
+    with pytest.raises(tiny_grpo.errors.RewardError) as error:
         tiny_grpo.rewards.remote_rewards(url, [], [], [], timeout=1.0, retries=1)
     assert "hunter2" not in str(error.value) and "http://***@127.0.0.1:9/reward" in str(error.value)
     args = experiment.parse_args(["--device", "cpu", "--reward-url", url, "--run-name", "r"])
@@ -838,7 +839,7 @@ def test_a_reward_fn_returning_no_number_is_refused(experiment, tmp_path, monkey
     (tmp_path / "not_a_number.py").write_text(f"def reward(completion, answer, metadata):\n    return {value}\n")
     monkeypatch.chdir(tmp_path)
     function = tiny_grpo.rewards.load_reward_fn("not_a_number:reward")
-    with pytest.raises(experiment.RewardError, match="not a finite number"):
+    with pytest.raises(tiny_grpo.errors.RewardError, match="not a finite number"):
         function("c", "a", {})
     (tmp_path / "numpy_number.py").write_text("import numpy\ndef reward(completion, answer, metadata):\n"
                                               "    return numpy.float32(0.25)\n")
@@ -1123,14 +1124,15 @@ module = load_experiment({name!r})
 """
 
 
-@pytest.mark.parametrize("name", [name for name in EXPERIMENTS if name != "experiment_accelerate_ddp"])
-def test_a_closed_terminal_stops_the_run_as_sigterm_does(name):
-    """SIGHUP (a closed terminal or ssh session) killed the run, the steps since the last checkpoint lost."""
+def test_a_closed_terminal_stops_the_run_as_sigterm_does():
+    """SIGHUP (a closed terminal or ssh session) killed the run, the steps since the last checkpoint lost (every
+    experiment's Interrupts but experiment_accelerate_ddp's, which the next test holds)."""
     from conftest import run_command
 
-    body = ("interrupts = module.Interrupts()\ntry:\n    os.kill(os.getpid(), signal.SIGHUP)\n"
-            "except KeyboardInterrupt as e:\n    print('stopping on', e)")
-    result = run_command([sys.executable, "-c", INTERRUPT.format(benchmarks=str(ROOT / "benchmarks"), name=name, body=body)])
+    body = ("from tiny_grpo.stopping import Interrupts\ninterrupts = Interrupts()\ntry:\n"
+            "    os.kill(os.getpid(), signal.SIGHUP)\nexcept KeyboardInterrupt as e:\n    print('stopping on', e)")
+    result = run_command([sys.executable, "-c", INTERRUPT.format(benchmarks=str(ROOT / "benchmarks"),
+                                                                 name="experiment_base", body=body)])
     assert result.returncode == 0 and "stopping on SIGHUP" in result.stdout, result.stderr[-2000:]
 
 
@@ -1245,7 +1247,7 @@ def test_every_kind_of_reward_url_secret_is_hidden_and_sent_decoded(experiment, 
     secret = "hunter2" if auth is None else auth.split(":", 1)[1]
     assert tiny_grpo.options.credentials(url)[1] == auth
     assert tiny_grpo.options.redact(url) == ("http://***@127.0.0.1:9/reward" if auth else "http://127.0.0.1:9/reward?***")
-    with pytest.raises(experiment.RewardError) as error:
+    with pytest.raises(tiny_grpo.errors.RewardError) as error:
         tiny_grpo.rewards.remote_rewards(url, ["c"], ["a"], [{}], timeout=1.0, retries=1)
     assert "ter2" not in str(error.value) and "%40" not in str(error.value), str(error.value)
     args = experiment.parse_args(["--device", "cpu", "--reward-url", url])
@@ -1404,3 +1406,95 @@ def test_a_hangup_ignored_at_the_start_stays_ignored(tiny_model_dir, tmp_path):
     with hang_guard("a run hung up", 600):
         _, said = process.communicate(timeout=600)
     assert process.returncode == 130 and b"interrupted" in said
+
+
+# ---- round four, item 6: a --reward-fn busy in C or changing SIGUSR1; a SIGUSR1 from outside ----
+
+@pytest.mark.parametrize("body", ['re.match(r"(a+)+$", "a" * 40 + "b")',
+                                  "signal.signal(signal.SIGUSR1, signal.SIG_IGN)\n    while True:\n        time.sleep(1)",
+                                  "signal.signal(signal.SIGUSR1, signal.SIG_DFL)\n    while True:\n        time.sleep(1)"],
+                         ids=["busy-in-c", "ignores-sigusr1", "sigusr1-to-default"])
+def test_a_reward_fn_that_no_signal_can_stop_is_stopped_at_its_deadline(body, tiny_model_dir, tmp_path):
+    """--reward-fn-timeout was a timer thread's SIGUSR1: a backtracking regex, busy in C, holds the GIL, and hung the
+    run until a SIGTERM came; a function that set SIGUSR1 to be ignored ran on past its deadline, and one that set it
+    to the default was killed with the run, unsaved. Now the function's process is killed at the deadline: from the
+    second step on, the run saves step 1 and stops, naming the timeout."""
+    from conftest import run_command
+
+    (tmp_path / "stuck_reward.py").write_text("import re, signal, time\n\nCALLS = []\n\n"
+                                              "def reward(completion, answer, metadata):\n    CALLS.append(1)\n"
+                                              f"    if len(CALLS) <= 4:\n        return 0.5\n    {body}\n    return 1.0\n")
+    argv = tiny_run(load_experiment("experiment_base"), tiny_model_dir, tmp_path, "--reward-fn", "stuck_reward:reward",
+                    "--reward-fn-timeout", "1", steps=3)
+    result = run_command([sys.executable, ROOT / "experiment_base" / "train.py", *argv], cwd=tmp_path)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "stuck_reward:reward failed on completion" in result.stderr and "TimeoutError: no result within 1.0 s" in result.stderr
+    assert "saving step 1" in result.stderr and "Traceback" not in result.stderr
+    assert sorted(p.name for p in (tmp_path / "out" / "r").iterdir()) == ["step_000001"]
+
+
+def test_sigusr1_saves_and_stops_the_run_as_sigterm_does(tiny_model_dir, tmp_path):
+    """SLURM's --signal=USR1@90 warns a job before pre-empting it: SIGUSR1's default action ended the run unsaved."""
+    import signal
+    import subprocess
+    import time
+
+    from conftest import tensorboard_scalars
+
+    argv = tiny_run(load_experiment("experiment_base"), tiny_model_dir, tmp_path, "--checkpoint-interval", "0",
+                    steps=100000)
+    process = subprocess.Popen([sys.executable, str(ROOT / "experiment_base" / "train.py"), *map(str, argv)], cwd=tmp_path,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 600  # a guard against a hang
+    while time.time() < deadline and process.poll() is None and not tensorboard_scalars(tmp_path / "runs").get("train/loss"):
+        time.sleep(0.2)
+    process.send_signal(signal.SIGUSR1)
+    with hang_guard("a run sent SIGUSR1", 600):
+        _, said = process.communicate(timeout=600)
+    assert process.returncode == 130 and "interrupted: saving step" in said and "Traceback" not in said, said[-3000:]
+    steps = list((tmp_path / "out" / "r").iterdir())
+    assert len(steps) == 1 and re_step(steps[0].name) >= 1 and (steps[0] / "training_state.pt").is_file()
+
+
+def test_sigusr1_during_a_reward_call_is_no_reward_timeout(tiny_model_dir, tmp_path):
+    """A SIGUSR1 from outside while --reward-fn ran was taken for the deadline's: "the reward failed: TimeoutError"
+    and exit 1. It stops the run as SIGTERM does, the reward's process killed: step 1 saved, exit 130."""
+    import signal
+    import subprocess
+    import time
+
+    marker = tmp_path / "second_step_scoring"
+    (tmp_path / "slow_reward.py").write_text(f"import pathlib, time\n\nCALLS = []\n\n"
+                                             f"def reward(completion, answer, metadata):\n    CALLS.append(1)\n"
+                                             f"    if len(CALLS) > 4:\n        pathlib.Path({str(marker)!r}).touch()\n"
+                                             f"        time.sleep(3600)\n    return 0.5\n")
+    argv = tiny_run(load_experiment("experiment_base"), tiny_model_dir, tmp_path, "--reward-fn", "slow_reward:reward",
+                    "--reward-fn-timeout", "7200", steps=3)
+    process = subprocess.Popen([sys.executable, str(ROOT / "experiment_base" / "train.py"), *map(str, argv)], cwd=tmp_path,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 600  # a guard against a hang
+    while time.time() < deadline and process.poll() is None and not marker.exists():
+        time.sleep(0.1)
+    process.send_signal(signal.SIGUSR1)
+    with hang_guard("a run sent SIGUSR1 while its reward ran", 600):
+        _, said = process.communicate(timeout=600)
+    assert process.returncode == 130 and "interrupted: saving step 1" in said, said[-3000:]
+    assert "reward failed" not in said and "Traceback" not in said
+    assert sorted(p.name for p in (tmp_path / "out" / "r").iterdir()) == ["step_000001"]
+
+
+@pytest.mark.parametrize("name", ["tiny_grpo.stopping", "experiment_accelerate_ddp"])
+def test_every_copy_takes_sigusr1_as_sigterm(name):
+    """The package's Interrupts (every copy's but experiment_accelerate_ddp's) stops the run on SIGUSR1;
+    experiment_accelerate_ddp's own takes note of it, as of SIGTERM (all its processes then stop together)."""
+    from conftest import run_command
+
+    if name == "experiment_accelerate_ddp":
+        body = ("interrupts = module.Interrupts()\nos.kill(os.getpid(), signal.SIGUSR1)\n"
+                "print('stopping on', signal.Signals(interrupts.pending).name)")
+        script = INTERRUPT.format(benchmarks=str(ROOT / "benchmarks"), name=name, body=body)
+    else:
+        script = ("import os, signal\nfrom tiny_grpo.stopping import Interrupts\ninterrupts = Interrupts()\ntry:\n"
+                  "    os.kill(os.getpid(), signal.SIGUSR1)\nexcept KeyboardInterrupt as e:\n    print('stopping on', e)")
+    result = run_command([sys.executable, "-c", script])
+    assert result.returncode == 0 and "stopping on SIGUSR1" in result.stdout, result.stderr[-2000:]

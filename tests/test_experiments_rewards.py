@@ -9,6 +9,7 @@ import pytest
 from conftest import ROOT, load_experiment, tensorboard_scalars, write_jsonl
 import tiny_grpo.answers
 import tiny_grpo.rewards
+import tiny_grpo.errors
 
 THINK = "<think>I add the two numbers carefully.</think>"
 
@@ -256,7 +257,7 @@ def test_a_module_raising_attribute_error_on_import_is_a_failed_import(task_expe
 
 def test_a_raising_reward_function_names_the_example(task_experiment, reward_module):
     score = task_experiment.Scorer(reward_fn=f"{reward_module}:broken")
-    with pytest.raises(task_experiment.RewardError) as error:
+    with pytest.raises(tiny_grpo.errors.RewardError) as error:
         score(["<answer>7</answer>"], ["7"], [{}])
     assert "my_rewards:broken failed on completion '<answer>7</answer>' (answer '7'): ValueError: cannot score this" in str(error.value)
 
@@ -276,6 +277,94 @@ def test_a_reward_failing_mid_run_keeps_the_steps_done(task_experiment, reward_m
     assert (tmp_path / "out" / "r" / "step_000001" / "training_state.pt").is_file()
     assert not (tmp_path / "out" / "r" / "step_000002").exists()
     assert [step for step, _ in tensorboard_scalars(tmp_path / "runs")["train/loss"]] == [1]
+
+
+# ---- the function's own process: a deadline no code can defeat, its failures in one line ----
+
+STUCK = """import os, re, signal, time
+
+def reward(completion, answer, metadata):
+    if completion == "fast":
+        return 0.5
+    {body}
+"""
+
+CALL_IT = """import tiny_grpo.errors, tiny_grpo.rewards
+function = tiny_grpo.rewards.load_reward_fn("stuck:reward", timeout=1.0)
+try:
+    function("slow", "a", {})
+except tiny_grpo.errors.RewardError as e:
+    print(e)
+print("and then:", function("fast", "a", {}))
+"""
+
+
+@pytest.mark.parametrize("body, says", [
+    ('return float(bool(re.match(r"(a+)+$", "a" * 40 + "b")))', "TimeoutError: no result within 1.0 s"),
+    ("signal.signal(signal.SIGUSR1, signal.SIG_IGN)\n    while True:\n        time.sleep(1)",
+     "TimeoutError: no result within 1.0 s"),
+    ("signal.signal(signal.SIGUSR1, signal.SIG_DFL)\n    while True:\n        time.sleep(1)",
+     "TimeoutError: no result within 1.0 s"),
+    ("os._exit(3)", "its process ended with exit code 3"),
+], ids=["busy-in-c", "ignores-sigusr1", "sigusr1-to-default", "ends-its-process"])
+def test_no_reward_fn_outlives_its_deadline_or_takes_the_caller_with_it(body, says, tmp_path):
+    """The deadline was a timer thread's SIGUSR1 to the calling thread: a backtracking regex, busy in C, holds the GIL
+    and hung the run (the timer never ran); a function that set SIGUSR1 to be ignored ran on past it, one that set it
+    back to the default was killed with the run; os._exit ended the run. Now the function runs in a process of its
+    own, killed at the deadline; the caller gets a RewardError and the next call a fresh process. In a fresh
+    interpreter: the code before the fix hangs or dies there, not in the test's."""
+    from conftest import run_command
+
+    (tmp_path / "stuck.py").write_text(STUCK.format(body=body))
+    result = run_command([sys.executable, "-c", CALL_IT], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines() == [f"--reward-fn stuck:reward failed on completion 'slow' (answer 'a'): {says}",
+                                          "and then: 0.5"]
+
+
+def test_a_reward_fns_failure_is_one_line_saying_where(tmp_path, monkeypatch):
+    """The function's traceback, condensed: the error, then the frames that raised it, outermost first."""
+    (tmp_path / "deep.py").write_text("def reward(completion, answer, metadata):\n    return check(completion)\n\n"
+                                      "def check(completion):\n    raise ValueError('no good:\\n' + completion)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # load_reward_fn appends the working directory
+    function = tiny_grpo.rewards.load_reward_fn("deep:reward")
+    with pytest.raises(tiny_grpo.errors.RewardError) as error:
+        function("c", "a", {})
+    assert str(error.value) == ("--reward-fn deep:reward failed on completion 'c' (answer 'a'): ValueError: no good: c "
+                                "(deep.py:2 in reward > deep.py:5 in check)")
+
+
+def test_what_cannot_cross_to_the_functions_process_is_one_line(reward_module, tmp_path):
+    """Metadata is sent to the function's process pickled: what cannot be pickled is named, in one line. What the
+    function returns is turned into a number there: anything else (a generator, here) is 'not a finite number'."""
+    function = tiny_grpo.rewards.load_reward_fn(f"{reward_module}:length_bonus")
+    with pytest.raises(tiny_grpo.errors.RewardError) as error:
+        function.many(["abcd", "efgh"], ["1", "2"], [{}, {"bonus": 1, "hook": lambda: 0}])
+    said = str(error.value)
+    assert said.startswith("--reward-fn my_rewards:length_bonus failed on completion 'efgh' (answer '2'): its metadata "
+                           "cannot be sent to the function's process: ") and "\n" not in said
+    assert function.many(["abcd"], ["1"], [{"bonus": 1}]) == [1.04]  # the next call is answered
+    (tmp_path / "generator_reward.py").write_text("def reward(completion, answer, metadata):\n"
+                                                  "    return (x for x in [1.0])\n")
+    with pytest.raises(tiny_grpo.errors.RewardError, match=r"returned '<generator object .*', not a finite number"):
+        tiny_grpo.rewards.load_reward_fn("generator_reward:reward")("c", "a", {})
+
+
+def test_one_process_serves_the_run_and_a_fresh_one_follows_a_failure(reward_module):
+    """The function's process lives from call to call (its module's state with it: fails_later counts its calls); a
+    call past the deadline kills it, and the next call starts another, the module imported afresh."""
+    function = tiny_grpo.rewards.load_reward_fn(f"{reward_module}:fails_later", timeout=30)
+    first = function.process
+    assert function.many(["a", "b", "c"], ["1"] * 3, [{}] * 3) == [0.25, 0.5, 0.75]
+    assert function("d", "1", {}) == 1.0 and function.process is first
+    with pytest.raises(tiny_grpo.errors.RewardError, match="ConnectionError: the scorer went away"):
+        function("e", "1", {})
+    assert first.poll() is not None  # killed
+    assert function.many(["f", "g"], ["1"] * 2, [{}] * 2) == [0.25, 0.5] and function.process is not first
+    second = function.process
+    del function
+    assert second.wait(timeout=60) is not None  # the function gone, its process is stopped (a guard, not a timing)
 
 
 # ---- the HTTP reward service ----
@@ -306,19 +395,19 @@ def test_reward_service_up(task_experiment, reward_server):
 def test_reward_service_slow(task_experiment, reward_server):
     url = reward_server(delay=2.0)
     started = time.perf_counter()
-    with pytest.raises(task_experiment.RewardError, match="no answer after 2 tries"):
+    with pytest.raises(tiny_grpo.errors.RewardError, match="no answer after 2 tries"):
         task_experiment.Scorer(reward_url=url, timeout=0.3, retries=2)
     assert time.perf_counter() - started < 5  # two short timeouts and one back-off, not a hang
 
 
 def test_reward_service_down(task_experiment):
-    with pytest.raises(task_experiment.RewardError, match=r"--reward-url http://127.0.0.1:9/reward: no answer after 2 tries .*is the service running"):
+    with pytest.raises(tiny_grpo.errors.RewardError, match=r"--reward-url http://127.0.0.1:9/reward: no answer after 2 tries .*is the service running"):
         task_experiment.Scorer(reward_url="http://127.0.0.1:9/reward", retries=2, timeout=1)
 
 
 def test_reward_service_bad_request_is_not_retried(task_experiment, reward_server):
     url = reward_server()
-    with pytest.raises(task_experiment.RewardError, match="HTTP 400"):
+    with pytest.raises(tiny_grpo.errors.RewardError, match="HTTP 400"):
         tiny_grpo.rewards.remote_rewards(url, ["a", "b"], ["1"], [{}, {}])
 
 
