@@ -299,10 +299,14 @@ class SearchIndex:
         vectors = embed([p.text for p in self.passages])
         self.faiss = faiss.IndexFlatIP(vectors.shape[1])  # inner product of unit vectors = cosine similarity
         self.faiss.add(vectors)
-        folder.mkdir(parents=True, exist_ok=True)
-        write_atomic(index_file, lambda tmp: faiss.write_index(self.faiss, str(tmp)))
         rows = json.dumps([dataclasses.asdict(p) for p in self.passages], ensure_ascii=False)
-        write_atomic(passages_file, lambda tmp: tmp.write_text(rows, encoding="utf-8"))  # written last: "complete"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            write_atomic(index_file, lambda tmp: faiss.write_index(self.faiss, str(tmp)))
+            write_atomic(passages_file, lambda tmp: tmp.write_text(rows, encoding="utf-8"))  # written last: "complete"
+        except (OSError, RuntimeError) as e:  # a read-only or full disk, a file in the way (faiss: RuntimeError)
+            log.warning("cannot write the index cache in %s (%s: %s): the index is used from memory, and built again "
+                        "next time", folder, type(e).__name__, e)
 
     def search_batch(self, queries, top_k=3):
         """One list of at most top_k passages (best first, with scores) per query; batching is much faster."""

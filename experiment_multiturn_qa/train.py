@@ -794,6 +794,9 @@ def load_tasks(path, prompt_key="question", answer_key="answer", filters=(), max
             if isinstance(row[key], float) and len(as_text(row[key])) > 100:  # parse_number reads 100 characters
                 raise InputError(f"{where}: field {key!r} is {row[key]}, {len(as_text(row[key]))} characters written out, "
                                  "which no completion can match (numbers are compared up to 100 digits)")
+        if not normalize_answer(as_text(row[answer_key])):  # 'A', 'The', '?!': nothing is left to match, no reward
+            raise InputError(f"{where}: field {answer_key!r} is {as_text(row[answer_key])!r}, which normalisation (lower "
+                             "case, no punctuation or articles) empties: no completion can match it")
         for field in wanted:
             if field not in row:
                 raise InputError(f"{where}: --filter {field}=...: the row has no field {field!r}")

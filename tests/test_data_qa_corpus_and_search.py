@@ -182,3 +182,22 @@ def test_clear_errors(tmp_path):
         search.SearchIndex(tmp_path / "broken", "bm25")
     result = run_script(SEARCH, "--corpus-dir", tmp_path / "missing", "--retriever", "bm25", "query")
     assert result.returncode == 2 and result.stderr.strip().count("\n") == 0 and "missing" in result.stderr
+
+
+# -- Nothing lost, round four (issue 71)
+
+def test_a_dense_cache_that_cannot_be_written_warns_and_the_index_is_used(tmp_path, caplog):
+    """Item 13: a cache folder that cannot be written (TINY_GRPO_CACHE naming a file, a read-only disk) ended the run
+    with a traceback after the index was built. Now one warning names the folder and the reason, and the index built
+    in memory is searched; the file in the way is left alone."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "brio.md").write_text("# Brio\n\nBrio is a town in Miogriarary. It was first recorded in 927 and grew "
+                                    "around a ferry crossing.\n")
+    (tmp_path / "cache").write_text("not a folder")
+    index = search.SearchIndex(corpus, "dense", cache_dir=tmp_path / "cache" / "search")
+    assert not index.loaded_from_cache and index.search("Where is Brio?", top_k=1)[0].id == "brio#0"
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warning.startswith(f"cannot write the index cache in {tmp_path / 'cache' / 'search' / 'dense-'}"), warning
+    assert "NotADirectoryError" in warning and "\n" not in warning
+    assert (tmp_path / "cache").read_text() == "not a folder"

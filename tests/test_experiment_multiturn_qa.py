@@ -481,3 +481,20 @@ def test_top_k_is_bounded_by_what_fits_the_context(qa, tiny_model_dir, tmp_path,
         else:
             with pytest.raises(qa.InputError, match=f"--top-k {k}: "):
                 qa.check_context(model, tokenizer, args, tasks, tasks, search)
+
+
+# -- Nothing lost, round four (issue 71)
+
+
+@pytest.mark.parametrize("answer", ["A", "The", "?!"])
+def test_an_answer_that_normalisation_empties_is_refused_by_line(qa, corpus, tmp_path, capsys, answer):
+    """Item 17: an answer that normalisation empties (an article, punctuation) was accepted, and no completion could
+    ever be rewarded for it. Now load_tasks refuses it, naming the file and the line, before the model loads."""
+    data = write_jsonl(tmp_path / "q.jsonl", [{"question": "Where is Brio?", "answer": "Miogriarary"},
+                                              {"question": "Which letter comes first?", "answer": answer}])
+    argv = ["--device", "cpu", "--model-name", "not-loaded", "--data-path", data, "--eval-interval", "0",
+            "--corpus-dir", corpus, "--retriever", "bm25", "--log-dir", tmp_path / "runs", "--checkpoint-path",
+            tmp_path / "out"]
+    message = fails_with(qa, argv, capsys)
+    assert message.strip() == (f"error: {data}:2: field 'answer' is {answer!r}, which normalisation (lower case, no "
+                               "punctuation or articles) empties: no completion can match it")
