@@ -41,7 +41,7 @@ tiny_grpo/, written once for every experiment; none of it changes what is comput
     python experiment_drgrpo/train.py --help               # every option, and what each preset sets
 """
 
-import argparse, contextlib, copy, math, random, re, sys, time  # noqa: E401
+import argparse, contextlib, copy, math, random, re, sys  # noqa: E401
 import textwrap
 from collections import Counter
 from dataclasses import dataclass, replace
@@ -50,17 +50,17 @@ from pathlib import Path
 import torch
 
 from tiny_grpo.answers import answer_parses, check_finite, parse_number, task_correctness
+from tiny_grpo.bookkeeping import Bookkeeping
 from tiny_grpo.checkpoints import claim_run, resume, save_checkpoint, training_state
 from tiny_grpo.data import OTHER_TASKS, Task, check_context, load_tasks, next_prompts
 from tiny_grpo.decode import draw, ends_with_stop_string, nucleus, pad_right, sample_fast, stop_token_ids
-from tiny_grpo.errors import DivergedError, InputError, RewardError
+from tiny_grpo.errors import InputError
 from tiny_grpo.logprobs import fast_log_probs
 from tiny_grpo.models import (attention_implementation, chat_prompt, keep_quantized_layout, load_tokenizer,
     resolve_dtype, resolve_model_path, sampling_weights, uncast_lora_inputs)
 from tiny_grpo.options import HelpFormatter, add_setup_options, has_splits, integer, real, resolve_device
-from tiny_grpo.report import Logger, PhasePeaks, advance_bar, clip_gradients, held_out, sample_text, step_metrics
+from tiny_grpo.report import advance_bar, clip_gradients, sample_text, step_metrics
 from tiny_grpo.rewards import OutsideTerms
-from tiny_grpo.stopping import Interrupts, stopped
 
 # ---- Configuration ----
 
@@ -801,8 +801,6 @@ def main(argv=None):
         sys.exit(130)
 
 def run(args):
-    from tqdm import tqdm
-
     score, train_tasks, eval_tasks = load_inputs(args)  # bad data or reward options fail before the model loads
     checkpoint_dir, run_dir = claim_run(args)  # --resume's checkpoint, and a run folder no other run writes to
     random.seed(args.seed)
@@ -816,63 +814,46 @@ def run(args):
     # linear warm-up, then constant: lr_t = lr * min(1, (t + 1) / (warmup + 1)), t counting optimizer updates
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: min(1.0, (t + 1) / (args.warmup_steps + 1)))
     step, position = resume(checkpoint_dir, model, optimizer, scheduler)  # position: (data pass, index in it)
-    logger, interrupts, memory = Logger(args, step), Interrupts(), PhasePeaks(args.device)
 
-    def save():  # the steps done so far, as run_dir/step_N
+    def save(step, position):  # the steps done so far, as run_dir/step_N
         save_checkpoint(run_dir / f"step_{step:06d}", model, optimizer, scheduler, training_state(args, step, position),
                         args.keep_checkpoints)
 
-    evals = {}  # step: the held-out evaluation's metrics, for the progress bar and the closing line
-    progress = tqdm(total=args.max_steps, initial=step, desc=args.run_name, dynamic_ncols=True)
-    try:
-        if args.eval_interval and step == 0:  # the eval curve's start; Ctrl-C here saves too
-            evals[0] = evaluate(model, tokenizer, eval_tasks, args, score)
-            logger.scalars(evals[0], 0)
-        while step < args.max_steps:
-            started = time.perf_counter()
-            tasks, next_position = next_prompts(train_tasks, args.rollouts_per_step, position, args.seed)  # seeded shuffle
+    # the logger, Ctrl-C, memory peaks, the progress bar, a checkpoint every --checkpoint-interval steps and at the end
+    with Bookkeeping(args, run_dir, step, position, save, len(eval_tasks), report) as book:  # its own report
+        if args.eval_interval and book.step == 0:  # the eval curve's start; Ctrl-C here saves too
+            book.evaluated(evaluate(model, tokenizer, eval_tasks, args, score))
+        while book.step < args.max_steps:
+            tasks, next_position = next_prompts(train_tasks, args.rollouts_per_step, book.position, args.seed)  # shuffled
 
             # Rollout: sample a group of completions per prompt and score them.
             model.eval()
-            with sampling_weights(model, args), memory.phase("sampling"):  # 4-bit weights dequantized once
+            with sampling_weights(model, args), book.phase("sampling"):  # 4-bit weights dequantized once
                 result = rollout(model, tokenizer, tasks, args.group_size, args.max_length, args.temperature, args.top_p,
                                  args.generation_batch_size, score)
-            rollout_seconds = time.perf_counter() - started
             result = with_overlong_penalty(result, args)  # DAPO: completions near or at the budget lose reward
             rewards = result.rewards.view(-1, args.group_size)
             trained, dropped, extra_rounds, missing = result, 0, 0, 0
             if args.dynamic_sampling:  # DAPO: groups all right or all wrong out, the next prompts of the data in
-                with memory.phase("sampling"):
+                with book.phase("sampling"):
                     trained, next_position, dropped, extra_rounds, missing = dynamic_sampling(
                         model, tokenizer, train_tasks, result, next_position, args, score)
                 if trained is None:
-                    progress.write(f"step {step + 1}: no group with both right and wrong answers after "
-                                   f"{extra_rounds} extra rounds (--max-extra-rounds): nothing to train on, no update")
+                    book.progress.write(f"step {book.step + 1}: no group with both right and wrong answers after "
+                                        f"{extra_rounds} extra rounds (--max-extra-rounds): nothing to train on, no update")
 
             # Update the policy on that batch (dynamic sampling may leave no group to learn from: the step still counts).
             stats = {}
-            with interrupts.deferred(), memory.phase("training"):  # weights, optimizer and step change together
+            with book.update(next_position):  # weights, optimizer and step change together; then book.step += 1
                 if trained is not None:
                     advantages = group_advantages(trained.rewards.view(-1, args.group_size), algorithm=args.algorithm)
                     model.train()
                     batch = (trained.sequence_ids, trained.attention_mask, trained.action_mask,
                              advantages.flatten().to(args.device))
-                    stats = train_step(model, batch, args, optimizer, scheduler, reference, step)
-                step, position = step + 1, next_position
-
-            seconds = rollout_seconds, time.perf_counter() - started
-            if args.eval_interval and (step % args.eval_interval == 0 or step == args.max_steps):
-                evals[step] = evaluate(model, tokenizer, eval_tasks, args, score)
-            report(logger, progress, args, step, result, rewards, stats, seconds, memory, evals, tasks,
-                   (trained, dropped, extra_rounds, missing))  # TensorBoard; dynamic sampling's groups too
-            if args.checkpoint_interval and step % args.checkpoint_interval == 0:
-                save()
-        save()
-    except (KeyboardInterrupt, RewardError, DivergedError) as stop:
-        stopped(stop, step, run_dir, save, logger, progress, interrupts)  # saves the steps done, then exits or re-raises
-    progress.close()
-    logger.close()
-    print(f"done: {step} steps; checkpoint in {run_dir / f'step_{step:06d}'}{held_out(evals, len(eval_tasks))}")
+                    stats = train_step(model, batch, args, optimizer, scheduler, reference, book.step)
+            if args.eval_interval and (book.step % args.eval_interval == 0 or book.step == args.max_steps):
+                book.evaluated(evaluate(model, tokenizer, eval_tasks, args, score))
+            book.report(result, rewards, stats, tasks, (trained, dropped, extra_rounds, missing))  # dynamic sampling's too
 
 
 # ---- What this experiment changes in the shared plumbing (tiny_grpo/), and what calls it ----

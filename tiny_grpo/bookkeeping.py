@@ -26,25 +26,24 @@ class Bookkeeping:
         self.logger, self.interrupts, self.memory = Logger(args, step), Interrupts(), PhasePeaks(args.device)
         self.evals = {}  # step: the held-out evaluation's metrics, for the progress bar and the closing line
         self.progress = tqdm(total=args.max_steps, initial=step, desc=args.run_name, dynamic_ncols=True)
-        self.started = self.sampled = time.perf_counter()
+        self.started = self.sampled = None  # the step's clock: its first phase's start, its first sampling's end
 
     def __enter__(self):
         return self
 
     @contextlib.contextmanager
     def phase(self, name):
-        """A phase of a step, its memory peak logged; the sampling phase starts the step's clock."""
-        if name == "sampling":
-            self.started = time.perf_counter()
+        """A phase of a step ("sampling", "training"), its memory peak logged; the first starts the step's clock."""
+        self.started = self.started or time.perf_counter()
         with self.memory.phase(name):
             yield
         if name == "sampling":
-            self.sampled = time.perf_counter()
+            self.sampled = self.sampled or time.perf_counter()
 
     @contextlib.contextmanager
     def update(self, next_position):
         """The update: weights, optimizer and step change together, a Ctrl-C waits until the block ends."""
-        with self.interrupts.deferred(), self.memory.phase("training"):
+        with self.interrupts.deferred(), self.phase("training"):
             yield
             self.step, self.position = self.step + 1, next_position
 
@@ -57,9 +56,11 @@ class Bookkeeping:
 
     def report(self, result, rewards, stats, tasks, *extra):
         """Log the step (TensorBoard, W&B, the progress bar), then save it every --checkpoint-interval steps."""
-        seconds = self.sampled - self.started, time.perf_counter() - self.started
+        now = time.perf_counter()
+        seconds = (self.sampled or now) - (self.started or now), now - (self.started or now)  # sampling, the whole step
         self.log_step(self.logger, self.progress, self.args, self.step, result, rewards, stats, seconds, self.memory,
                       self.evals, tasks, *extra)
+        self.started = self.sampled = None
         if self.args.checkpoint_interval and self.step % self.args.checkpoint_interval == 0:
             self.save(self.step, self.position)
 
