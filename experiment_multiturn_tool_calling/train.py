@@ -41,8 +41,7 @@ import torch
 
 from tiny_grpo.answers import check_finite
 from tiny_grpo.checkpoints import claim_run, resume, save_checkpoint, training_state
-from tiny_grpo.data import (FILTER_VALUES_SHOWN, as_text, check_context, filter_matches, filter_text, next_prompts,
-    read_rows)
+from tiny_grpo.data import FILTER_VALUES_SHOWN, as_text, filter_matches, filter_text, next_prompts, read_rows
 from tiny_grpo.decode import draw, ends_with_stop_string, nucleus, pad_right, sample_fast, stop_token_ids
 from tiny_grpo.errors import DivergedError, InputError, RewardError
 from tiny_grpo.logprobs import fast_log_probs
@@ -208,7 +207,8 @@ def load_inputs(args):
 
 # The reward is a weighted sum of terms, each in [0, 1] and each logged on its own (their code follows):
 #   correctness  the number in the last <answer> tags is right (the terms read the model's words, not the tool's)
-#   format       the episode ends with its only "<answer> number </answer>", every call it opened closed; else 0
+#   format       the episode ends with its only "<answer> number </answer>", every call it opened closed, no <result>
+#                of its own (the results are the tool's); else 0
 #   tool         the fraction of the episode's calls that parsed and ran, 0 with none (shaping: more calls earn no more)
 #   custom       --reward-fn, a function of yours;  remote: --reward-url, an HTTP reward service
 DEFAULT_REWARD_WEIGHTS = "correctness=1,format=0.1,tool=0.1"
@@ -261,10 +261,11 @@ def correctness(completion, answer):
     return float(value is not None and value == parse_number(answer))
 
 def format_score(completion):
-    """1 when the completion ends with its only '<answer> number </answer>' and closes every <calculator>; else 0."""
+    """1 when the completion ends with its only '<answer> number </answer>', closes every <calculator> and writes no
+    <result> or </result>: the completion is the model's words, the tool's results left out, so one there is made up."""
     match = re.fullmatch(r"(.*)<answer>(.*?)</answer>\s*", completion, re.DOTALL)
     return float(bool(match) and completion.count("<answer>") == 1 and parse_number(match[2]) is not None
-                 and match[1].count("<calculator>") == match[1].count("</calculator>"))
+                 and match[1].count("<calculator>") == match[1].count("</calculator>") and "result>" not in completion)
 
 def tool_score(metadata):
     """The fraction of the episode's calculator calls that parsed and ran (from its record); 0 with no call."""
@@ -777,6 +778,41 @@ def load_tasks(path, prompt_key="question", answer_key="answer", filters=(), max
         raise InputError(f"{path}: no tasks{why}")
     return tasks
 
+def check_context(model, tokenizer, args, train_tasks, eval_tasks):
+    """Refuse questions whose prompt, with the completion budget, does not fit the model's context, and a --max-turns
+    whose calculator results do not fit beside them: they would fail (or be cut) mid-run. The longest are tokenized,
+    not every one."""
+    context = getattr(model.config, "max_position_embeddings", None)
+    longest = 0
+    for tasks, path in ((train_tasks, args.data_path), (eval_tasks, args.eval_data_path)):
+        for task in sorted(tasks, key=lambda t: len(t["prompt"]))[-8:] if context else []:
+            tokens = len(tokenizer(task["prompt"]).input_ids)
+            if tokens + args.max_length > context:
+                raise InputError(f"{path}: the question {task['question'][:80]!r}... makes a prompt of {tokens} tokens, "
+                                 f"which with --max-length {args.max_length} passes the model's context of {context}")
+            longest = max(longest, tokens)
+    if not context or args.max_turns == 0:
+        return
+    result = result_tokens(tokenizer)  # --max-length counts the model's tokens only: the results come on top
+    episode = longest + args.max_length + args.max_turns * result  # the most positions an episode takes
+    if episode > context:
+        fits = (context - longest - args.max_length) // result  # the most calls whose results fit
+        advice = f"--max-turns {fits} fits" if fits else "lower --max-length, or --max-turns 0"
+        raise InputError(f"--max-turns {args.max_turns}: a calculator call appends up to {result} tokens (its longest "
+                         f"result or error); {args.max_turns} of them, the longest prompt's {longest} tokens and "
+                         f"--max-length {args.max_length} make {episode} tokens, more than the model's context of "
+                         f"{context}: {advice}")
+
+def result_tokens(tokenizer):
+    """The most tokens one calculator call appends: the <result> block of the longest texts the calculator writes
+    (run here, so they follow its messages), the longest number and the longest error; the two errors that echo a
+    name the model wrote hold up to 20 of its characters, counted at 4 tokens each (an unknown character's UTF-8
+    bytes, a token each). Every other result or error is shorter."""
+    def longest(calls):
+        blocks = [f"<result>{calculator(call)[0]}</result>" for call in calls]
+        return max(len(ids) for ids in tokenizer(blocks, add_special_tokens=False).input_ids)
+    return max(longest(["-10**18", "-1/7*0.1**99", "(x for x in y)"]), longest(["x(1)", "x"]) + 4 * 20)
+
 CALCULATOR_MAX_CHARS = 200  # a longer expression is refused before it is parsed
 
 CALCULATOR_MAX_NESTING = 10  # parentheses (function calls included) nested deeper are refused
@@ -883,7 +919,9 @@ def find_tool_call(turn):
     call after it is ignored); nested tags come back with the inner opening tag inside the expression."""
     if "</answer>" in turn:
         return None
-    calls = TOOL_CALL.findall(turn)
+    closed = "".join(turn.rpartition("</calculator>")[:2])  # the turn up to its last closing tag: an opening tag
+    # after it opens no call, and the search would scan to the end of the turn from each one (n of them: n^2 steps)
+    calls = TOOL_CALL.findall(closed)  # the same calls as in the whole turn, in one pass
     return calls[-1] if calls else None
 
 def run_tool_call(expression):

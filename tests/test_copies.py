@@ -44,7 +44,8 @@ KEPT = {
                                 "check_context": "room for the passages", "step_metrics": "searches, recall",
                                 "sample_text": "the episodes' turns", "report": "calls step_metrics and sample_text"},
     "experiment_multiturn_tool_calling": {"add_setup_options": "--max-turns' neighbours", "load_tasks": "the tool "
-                                          "tasks' rows", "step_metrics": "tool calls and errors", "sample_text": "the "
+                                          "tasks' rows", "check_context": "room for the tool results",
+                                          "step_metrics": "tool calls and errors", "sample_text": "the "
                                           "episodes' turns", "report": "calls step_metrics and sample_text",
                                           "NUMBER": "the calculator's numbers", "parse_number": "the calculator's numbers"},
 }

@@ -1,12 +1,15 @@
 """experiment_multiturn_tool_calling: the calculator, tool-call parsing, the multi-turn masks, learning, a run."""
 
+import re
+import sys
 import time
 import types
 
 import pytest
 import torch
 
-from conftest import ROOT, load_experiment, load_tiny, run_script, teach, tensorboard_scalars, write_jsonl
+from conftest import (ROOT, load_experiment, load_tiny, run_command, run_script, teach, tensorboard_scalars,
+    write_jsonl)
 import tiny_grpo.decode
 
 NAME = "experiment_multiturn_tool_calling"
@@ -127,6 +130,18 @@ def test_calculator_refuses_quickly_with_an_error_string(tool, expression, messa
 def test_tool_call_parsing(tool, turn, expression, result):
     assert tool.find_tool_call(turn) == expression
     assert tool.use_calculator(turn) == result
+
+
+def test_unclosed_calls_are_parsed_in_linear_time():
+    """The call search began again at every <calculator> left unclosed and scanned from it to the end of the turn: n
+    openers, n^2 steps (3,000 took 38 s). It stops at the turn's last closing tag now: a million openers, which the
+    old parser would scan for a day, take milliseconds. run_command's guard (600 s) is against that hang, not a
+    speed test; the subprocess is what lets the guard stop a search that never returns."""
+    code = ("import sys; sys.path.insert(0, 'benchmarks'); from common import load_experiment; "
+            f"tool = load_experiment({NAME!r}); "
+            "print(tool.find_tool_call('<calculator>1+1</calculator>' + '<calculator>' * 1_000_000))")
+    result = run_command([sys.executable, "-c", code])
+    assert result.returncode == 0 and result.stdout == "1+1\n", result.stderr[-2000:]  # the last complete call
 
 
 # ----------------------------------------------------------------------------------------------
@@ -285,6 +300,17 @@ def test_reward_terms(tool):
     assert rewards.tolist() == [pytest.approx(1.2)]  # correctness=1, format=0.1, tool=0.1
 
 
+def test_a_result_the_model_writes_itself_earns_no_format_credit(tool):
+    """A completion that wrote its own <result>...</result> earned full format credit. The completion is the model's
+    words with the tool's results left out (rollout), so a result in it is made up: the format term refuses it, as
+    the QA copy's refuses a made-up <information>."""
+    made_up = "<calculator>482*317</calculator><result>152794</result> <answer> 152794 </answer>"
+    assert tool.format_score(made_up) == 0
+    assert tool.format_score("<result>6</result> <answer> 6 </answer>") == 0  # without a call
+    assert tool.format_score("<calculator>2*3</calculator></result> <answer> 6 </answer>") == 0  # the closing tag alone
+    assert tool.format_score(made_up.replace("<result>152794</result>", "")) == 1  # the same words without it
+
+
 def test_plain_prompt_plays_a_worked_exchange(tool):
     prompt = tool.format_prompt(types.SimpleNamespace(chat_template=None), "What is 2 * 3?")  # no chat template
     assert prompt.startswith(tool.system_prompt()) and prompt.endswith("\nUser: What is 2 * 3?\nAssistant:")
@@ -309,6 +335,36 @@ def test_options_and_bad_values(tool, capsys):
         with pytest.raises(SystemExit):
             tool.parse_args(["--device", "cpu", *argv] if "--device" not in argv else argv)
         assert expected in capsys.readouterr().err, argv
+
+
+def test_the_context_check_counts_the_tool_results(tiny_tool):
+    """check_context counted the prompt and --max-length but not the tool results, which come on top of --max-length:
+    --max-length 600 --max-turns 100 passed it, and an episode of 1,808 positions then ran against a 1,024-token
+    context. Now --max-turns results of the longest a call can append count too (the tiny model's 2,048 positions,
+    a prompt of about 520 tokens); the --max-turns the refusal names fits, one more does not. The count per call is
+    at least what the calculator appends for any result or error, long numbers and names echoed back included."""
+    tool, model, tokenizer = tiny_tool
+    tasks = [{"question": "What is 2*3?", "answer": "6", "metadata": {}}]
+    args = tool.parse_args(["--device", "cpu", "--max-length", "600", "--max-turns", "100"])
+    with pytest.raises(tool.InputError, match="--max-turns 100: ") as refused:
+        tool.add_prompts(model, tokenizer, args, tasks, [])
+    assert "more than the model's context of 2048" in str(refused.value), refused.value
+    fits = int(re.search(r"--max-turns (\d+) fits", str(refused.value)).group(1))
+    assert 1 <= fits < 100
+    args.max_turns = fits
+    tool.check_context(model, tokenizer, args, tasks, [])  # fits: no error
+    args.max_turns = fits + 1
+    with pytest.raises(tool.InputError, match=f"--max-turns {fits + 1}: "):
+        tool.check_context(model, tokenizer, args, tasks, [])
+
+    per_call = tool.result_tokens(tokenizer)
+    calls = ["-10**18", "10**18", "-1/7*0.1**99", "2/3", "1" * 201, "(" * 11 + "1" + ")" * 11, "1 +", "", "2 ** 101",
+             "min(1)", "round(1, 99)", "1 @ 1", "1 ^ 1", "'a'", "...", "(x for x in y)", "lambda: 1", "[1, 2]",
+             "1/0", "10**18 * 10", "sqrt(-1)", "(-8) ** 0.5", "Abcdefghijklmnopqrstuvwxyz(1)", "\u00e9" * 25,
+             "\U0001e800" * 25 + "(1)", "1+<calculator>2"]  # names are echoed back cut to 20 characters
+    for call in calls:
+        text, _ = tool.run_tool_call(call)
+        assert len(encode(tokenizer, f"<result>{text}</result>")) <= per_call, (call, text)
 
 
 # ----------------------------------------------------------------------------------------------
