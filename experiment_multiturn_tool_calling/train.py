@@ -31,7 +31,7 @@ The calculator's details are there too (parsing a call, walking the expression t
     python experiment_multiturn_tool_calling/train.py --help
 """
 
-import argparse, contextlib, copy, math, random, re, sys, time  # noqa: E401
+import argparse, contextlib, copy, math, random, re, sys  # noqa: E401
 import ast, operator  # noqa: E401
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -40,18 +40,18 @@ from pathlib import Path
 import torch
 
 from tiny_grpo.answers import check_finite
+from tiny_grpo.bookkeeping import Bookkeeping
 from tiny_grpo.checkpoints import claim_run, resume, save_checkpoint, training_state
 from tiny_grpo.data import FILTER_VALUES_SHOWN, as_text, filter_matches, filter_text, next_prompts, read_rows
 from tiny_grpo.decode import draw, ends_with_stop_string, nucleus, pad_right, sample_fast, stop_token_ids
-from tiny_grpo.errors import DivergedError, InputError, RewardError
+from tiny_grpo.errors import InputError
 from tiny_grpo.logprobs import fast_log_probs
 from tiny_grpo.models import (attention_implementation, chat_prompt, keep_quantized_layout, load_tokenizer,
     resolve_dtype, resolve_model_path, sampling_weights, uncast_lora_inputs)
 from tiny_grpo.options import (HelpFormatter, data_path, folder_name, folder_path, has_splits, http_url, integer, real,
     resolve_device, row_filter, split_name)
-from tiny_grpo.report import Logger, PhasePeaks, StepStatistics, advance_bar, clip_gradients, held_out
+from tiny_grpo.report import StepStatistics, advance_bar, clip_gradients
 from tiny_grpo.rewards import OutsideTerms
-from tiny_grpo.stopping import Interrupts, stopped
 
 # ---- Configuration ----
 
@@ -607,8 +607,6 @@ def main(argv=None):
         sys.exit(130)
 
 def run(args):
-    from tqdm import tqdm
-
     score, train_tasks, eval_tasks = load_inputs(args)  # bad data or reward options fail before the model loads
     checkpoint_dir, run_dir = claim_run(args)  # --resume's checkpoint, and a run folder no other run writes to
     random.seed(args.seed)
@@ -622,50 +620,34 @@ def run(args):
     # linear warm-up, then constant: lr_t = lr * min(1, (t + 1) / (warmup + 1)), t counting optimizer updates
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: min(1.0, (t + 1) / (args.warmup_steps + 1)))
     step, position = resume(checkpoint_dir, model, optimizer, scheduler)  # position: (data pass, index in it)
-    logger, interrupts, memory = Logger(args, step), Interrupts(), PhasePeaks(args.device)
 
-    def save():  # the steps done so far, as run_dir/step_N
+    def save(step, position):  # the steps done so far, as run_dir/step_N
         save_checkpoint(run_dir / f"step_{step:06d}", model, optimizer, scheduler, training_state(args, step, position),
                         args.keep_checkpoints)
 
-    evals = {}  # step: the held-out evaluation's metrics, for the progress bar and the closing line
-    progress = tqdm(total=args.max_steps, initial=step, desc=args.run_name, dynamic_ncols=True)
-    try:
-        if args.eval_interval and step == 0:  # the eval curve's start; Ctrl-C here saves too
-            evals[0] = evaluate(model, tokenizer, eval_tasks, args, score)
-            logger.scalars(evals[0], 0)
-        while step < args.max_steps:
-            started = time.perf_counter()
-            tasks, next_position = next_prompts(train_tasks, args.rollouts_per_step, position, args.seed)  # seeded shuffle
+    # the logger, Ctrl-C, memory peaks, the progress bar, a checkpoint every --checkpoint-interval steps and at the end
+    with Bookkeeping(args, run_dir, step, position, save, len(eval_tasks), report) as book:  # its own report
+        if args.eval_interval and book.step == 0:  # the eval curve's start; Ctrl-C here saves too
+            book.evaluated(evaluate(model, tokenizer, eval_tasks, args, score))
+        while book.step < args.max_steps:
+            tasks, next_position = next_prompts(train_tasks, args.rollouts_per_step, book.position, args.seed)  # shuffled
 
             # Rollout: play a group of episodes per prompt, calculator calls included, and score them.
             model.eval()
-            with sampling_weights(model, args), memory.phase("sampling"):  # 4-bit weights dequantized once
+            with sampling_weights(model, args), book.phase("sampling"):  # 4-bit weights dequantized once
                 result = rollout(model, tokenizer, tasks, args.group_size, args.max_length, args.temperature, args.top_p,
                                  args.generation_batch_size, score, args.max_turns)
-            rollout_seconds = time.perf_counter() - started
             rewards = result.rewards.view(-1, args.group_size)
             advantages = group_advantages(rewards).flatten().to(args.device)
 
             # Update the policy on that batch.
             model.train()
             batch = (result.sequence_ids, result.attention_mask, result.action_mask, advantages)
-            with interrupts.deferred(), memory.phase("training"):  # weights, optimizer and step change together
-                stats = train_step(model, batch, args, optimizer, scheduler, reference, step)
-                step, position = step + 1, next_position
-
-            seconds = rollout_seconds, time.perf_counter() - started
-            if args.eval_interval and (step % args.eval_interval == 0 or step == args.max_steps):
-                evals[step] = evaluate(model, tokenizer, eval_tasks, args, score)
-            report(logger, progress, args, step, result, rewards, stats, seconds, memory, evals, tasks)  # TensorBoard
-            if args.checkpoint_interval and step % args.checkpoint_interval == 0:
-                save()
-        save()
-    except (KeyboardInterrupt, RewardError, DivergedError) as stop:
-        stopped(stop, step, run_dir, save, logger, progress, interrupts)  # saves the steps done, then exits or re-raises
-    progress.close()
-    logger.close()
-    print(f"done: {step} steps; checkpoint in {run_dir / f'step_{step:06d}'}{held_out(evals, len(eval_tasks))}")
+            with book.update(next_position):  # weights, optimizer and step change together; then book.step += 1
+                stats = train_step(model, batch, args, optimizer, scheduler, reference, book.step)
+            if args.eval_interval and (book.step % args.eval_interval == 0 or book.step == args.max_steps):
+                book.evaluated(evaluate(model, tokenizer, eval_tasks, args, score))
+            book.report(result, rewards, stats, tasks)  # TensorBoard, the progress bar, a checkpoint at the interval
 
 
 # ---- What this experiment changes in the shared plumbing (tiny_grpo/), and what calls it ----
