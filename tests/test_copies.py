@@ -35,10 +35,8 @@ TOPIC = {
 # The plumbing a copy keeps in its own file, where tiny_grpo/ has a version of the same name: what its experiment
 # changes there, and what calls that (a package function would call the package's own version)
 KEPT = {
-    "experiment_accelerate": {"add_setup_options": "--mixed-precision", "STATE_KEYS": "the rest is accelerate's state",
-                              "save_checkpoint": "accelerator.save_state", "checkpoint_problem": "accelerate's state files",
-                              "resume": "accelerator.load_state", "find_checkpoint": "calls checkpoint_problem",
-                              "claim_run": "calls find_checkpoint"},
+    "experiment_accelerate": {"STATE_KEYS": "the rest is accelerate's state", "save_checkpoint": "accelerator.save_state",
+                              "checkpoint_problem": "accelerate's state files", "resume": "accelerator.load_state"},
     "experiment_drgrpo": {"StepStatistics": "the clip fractions at each side", "report": "dynamic sampling's groups"},
     "experiment_multiturn_qa": {"add_setup_options": "the search tool's options", "load_tasks": "the QA rows",
                                 "check_context": "room for the passages", "step_metrics": "searches, recall",

@@ -129,7 +129,7 @@ def test_calculator_refuses_quickly_with_an_error_string(tool, expression, messa
 ])
 def test_tool_call_parsing(tool, turn, expression, result):
     assert tool.find_tool_call(turn) == expression
-    assert tool.use_calculator(turn) == result
+    assert (None if expression is None else tool.run_tool_call(expression)) == result
 
 
 def test_unclosed_calls_are_parsed_in_linear_time():
@@ -315,7 +315,8 @@ def test_plain_prompt_plays_a_worked_exchange(tool):
     prompt = tool.format_prompt(types.SimpleNamespace(chat_template=None), "What is 2 * 3?")  # no chat template
     assert prompt.startswith(tool.system_prompt()) and prompt.endswith("\nUser: What is 2 * 3?\nAssistant:")
     assert f"Assistant: {tool.EXAMPLE_EPISODE}\nUser:" in prompt
-    assert tool.use_calculator(tool.EXAMPLE_EPISODE.split("<result>")[0]) == ("84", True)  # the example is true
+    call = tool.find_tool_call(tool.EXAMPLE_EPISODE.split("<result>")[0])
+    assert tool.run_tool_call(call) == ("84", True)  # the example is true
     assert tool.reward_terms(tool.EXAMPLE_EPISODE.replace("<result>84</result>", ""), "84") == {
         "correctness": 1.0, "format": 1.0, "tool": 0.0}
 

@@ -18,7 +18,7 @@ HELD_LOCKS = {}  # run folder -> a descriptor of it; flock holds it while this p
 RESUME_MUST_MATCH = ("model_name", "quantization", "lora", "lora_r", "lora_alpha", "task", "data_path", "data_config",
                      "data_split", "filter", "prompt_key", "answer_key", "max_prompts", "seed")
 
-def claim_run(args):
+def claim_run(args, problem=None):
     """(the checkpoint --resume names, or None; the run folder). Before a minute goes into loading the model: the
     checkpoint and log folders are writable, no other live run writes to the run folder, and every checkpoint in
     it will be this run's. A run folder holding checkpoints is only continued by --resume from it; resuming from an
@@ -30,7 +30,7 @@ def claim_run(args):
             if data and Path(data).is_dir() and Path(folder).resolve().is_relative_to(Path(data).resolve()):
                 raise InputError(f"{inside} {folder} lies inside {option} {data}, a folder whose files datasets reads "
                                  f"as data (a checkpoint's .json too): give {inside} a folder outside it")
-    checkpoint_dir = find_checkpoint(args.resume, args) if args.resume else None
+    checkpoint_dir = find_checkpoint(args.resume, args, problem) if args.resume else None
     args.data_fingerprint = data_fingerprint(args.data_path)  # the data as read: what every checkpoint records
     if checkpoint_dir:
         args.run_name = args.run_name or checkpoint_dir.parent.name  # keep logging into the same run
@@ -196,21 +196,22 @@ def save_failure_cause(folder):
         return ""
     return f": the disk has only {free:,} bytes free" if free < 2**30 else ""
 
-def find_checkpoint(path, args):
+def find_checkpoint(path, args, problem=None):
     """A checkpoint folder, or the newest complete step_N inside a run folder (a damaged newer one is passed over,
-    with a message). An error, naming what differs, if it was written by another experiment or for other weights."""
+    with a message). An error, naming what differs, if it was written by another experiment or for other weights.
+    problem(folder): what is wrong with a checkpoint, or None (checkpoint_problem; the accelerate copies' own)."""
     path = Path(path)
     explicit = (path / "training_state.pt").is_file()
     candidates = [path] if explicit else checkpoints_in(path)[::-1]
     if not candidates:
         raise InputError(f"--resume {path}: no checkpoint there (expected training_state.pt or step_N folders)")
     for folder in candidates:
-        problem = checkpoint_problem(folder)
-        if problem is None:
+        damage = (problem or checkpoint_problem)(folder)
+        if damage is None:
             break
         if explicit:
-            raise InputError(f"--resume {folder}: {problem}")
-        print(f"--resume: {folder.name} is damaged ({problem}); trying the step before it", file=sys.stderr)
+            raise InputError(f"--resume {folder}: {damage}")
+        print(f"--resume: {folder.name} is damaged ({damage}); trying the step before it", file=sys.stderr)
     else:
         raise InputError(f"--resume {path}: no complete checkpoint there")
     state = load_state_file(folder)
