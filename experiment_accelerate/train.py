@@ -619,7 +619,7 @@ def run(args):
             book.report(result, rewards, stats, tasks)  # TensorBoard, the progress bar, a checkpoint at the interval
 
 
-# ---- What this experiment changes in the shared plumbing (tiny_grpo/), and what calls it ----
+# ---- This experiment's own plumbing: what it changes of tiny_grpo/'s, what calls that, its own tools ----
 
 def check_mixed_precision(args):
     """accelerate launch passes its --mixed_precision (or its config's) as ACCELERATE_MIXED_PRECISION; fp8 needs

@@ -646,7 +646,7 @@ def run(args):
         print(f"done: {step} steps; checkpoint in {run_dir / f'step_{step:06d}'}{held_out(evals, len(eval_tasks))}")
 
 
-# ---- What this experiment changes in the shared plumbing (tiny_grpo/), and what calls it ----
+# ---- This experiment's own plumbing: what it changes of tiny_grpo/'s, what calls that, its own tools ----
 
 class StepStatistics:
     """What train_step logs, as means over a step: the loss terms over its updates (each micro-batch by its share of

@@ -856,7 +856,7 @@ def run(args):
             book.report(result, rewards, stats, tasks, (trained, dropped, extra_rounds, missing))  # dynamic sampling's too
 
 
-# ---- What this experiment changes in the shared plumbing (tiny_grpo/), and what calls it ----
+# ---- This experiment's own plumbing: what it changes of tiny_grpo/'s, what calls that, its own tools ----
 
 def preset_text():
     """Each preset as the options it sets, for --help."""

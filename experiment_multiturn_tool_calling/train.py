@@ -650,7 +650,7 @@ def run(args):
             book.report(result, rewards, stats, tasks)  # TensorBoard, the progress bar, a checkpoint at the interval
 
 
-# ---- What this experiment changes in the shared plumbing (tiny_grpo/), and what calls it ----
+# ---- This experiment's own plumbing: what it changes of tiny_grpo/'s, what calls that, its own tools ----
 
 def add_setup_options(p):
     """The options that set up a run without changing the algorithm: the model, the task and its reward, evaluation,

@@ -122,5 +122,5 @@ def test_the_reading_guide_gives_each_sections_lines_and_each_copys_own_plumbing
         if name == "experiment_base":
             continue
         lines = (ROOT / name / "train.py").read_text().splitlines()
-        own = next(n for n, line in enumerate(lines, start=1) if line.startswith("# ---- What this experiment changes"))
+        own = next(n for n, line in enumerate(lines, start=1) if line.startswith("# ---- This experiment's own plumbing"))
         assert re.search(rf"^\| `{name}` \| {len(lines)} \| {own} \|", readme, re.MULTILINE), f"{name}: {len(lines)}, {own}"
