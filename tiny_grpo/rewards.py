@@ -1,10 +1,14 @@
-"""The reward terms from outside a train.py: --reward-fn's function, each call timed, and --reward-url's service,
-each answer checked."""
+"""The reward terms from outside a train.py: --reward-fn's function, run in a process of its own and each call timed,
+and --reward-url's service, each answer checked."""
 
-import base64, inspect, json, math, os, pkgutil, signal, sys, threading, time, urllib3  # noqa: E401
+import base64, inspect, json, math, os, pickle, pkgutil, signal, socket, subprocess, sys, threading, time  # noqa: E401
+import traceback, urllib3, weakref  # noqa: E401
+from multiprocessing.connection import Connection
 
 from tiny_grpo.errors import InputError, RewardError
-from tiny_grpo.options import credentials, redact, scrub
+
+# tiny_grpo.options (and with it torch) is imported where a reward service is asked, not here: the --reward-fn worker
+# process imports this module, and starts in a fifth of a second without torch instead of two and a half with it
 
 class OutsideTerms:
     """The reward terms from outside the file: --reward-fn's function (custom), each call timed, and --reward-url's
@@ -23,22 +27,205 @@ class OutsideTerms:
     def __call__(self, completions, answers, metadata):
         terms = {}
         if self.custom:
-            terms["custom"] = [self.custom(c, a, m) for c, a, m in zip(completions, answers, metadata)]
+            terms["custom"] = self.custom.many(completions, answers, metadata)
         if self.url:
             terms["remote"] = remote_rewards(self.url, completions, answers, metadata, self.timeout, self.retries)
         return terms
 
 def load_reward_fn(spec, timeout=60.0):
-    """--reward-fn package.module:function -> a function (completion, answer, metadata) -> float that calls it,
-    within `timeout` seconds, and turns its failures into a RewardError naming the completion."""
+    """--reward-fn package.module:function -> a RewardFunction: called as function(completion, answer, metadata) it
+    gives a float, its .many(completions, answers, metadata) a list of them. The function runs in a process of its
+    own, each call within `timeout` seconds; its failures become RewardErrors naming the completion. A module that
+    cannot be imported, or a function of the wrong shape, is an InputError now, before the model loads."""
     module_name, _, function_name = spec.partition(":")
     if not module_name or not function_name:
         raise InputError(f"--reward-fn {spec}: expected package.module:function")
     if os.getcwd() not in sys.path:  # modules next to where the run starts, found after the installed
         sys.path.append(os.getcwd())  # packages: a peft.py or tqdm.py there replaces nothing
+    return RewardFunction(spec, timeout)
+
+# Why a process: the deadline must hold whatever the function does. A function busy in C (a backtracking regex,
+# 7 ** 10**7) holds the GIL for as long as it runs, so nothing in this process, neither a timer thread nor a signal
+# handler, runs before it returns; and a function may change any signal's handler. A process of its own is killed at
+# the deadline by the kernel (SIGKILL), whatever it is doing, and the run goes on to save its steps and stop.
+#
+# One worker process serves the whole run (a process per call would cost a fifth of a second each, and a step scores
+# thousands of completions): each step sends it the step's completions as one batch, and it answers one message per
+# completion as each is scored, so that each call has its own deadline, counted from the previous answer. It is
+# started by subprocess (fork then exec, at once: no lock held by a thread of the run, such as torch's, can be
+# inherited half taken, as by multiprocessing's fork) with `python -c WORKER`, which imports the function by its spec
+# in a fresh interpreter. It is killed at a deadline, a failure or an interrupt, and started again at the next call.
+WORKER = "import sys; sys.path[:] = sys.argv[2:]; from tiny_grpo.rewards import serve; serve(int(sys.argv[1]))"
+
+class RewardFunction:
+    """--reward-fn's function, called in its worker process: see above, and serve() for the worker's side."""
+
+    def __init__(self, spec, timeout):
+        self.spec, self.timeout = spec, timeout
+        self.lock = threading.Lock()  # one call at a time: the worker's answers come in order
+        self.process = None
+        self.start()
+
+    def start(self):
+        """A fresh worker that has imported the function, or InputError saying why it could not."""
+        if self.process is not None:  # the one before, ended
+            self.stop()
+        ours, theirs = socket.socketpair()
+        with theirs:  # sys.path is given to the worker before it imports anything: it finds what the run finds
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", WORKER, str(theirs.fileno()), *map(str, sys.path)], pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,  # what the function prints still goes to the run's output
+                start_new_session=True)  # a terminal's Ctrl-C or hang-up goes to the run alone, which stops the worker
+        self.connection = Connection(ours.detach())
+        # stop() kills the worker; so does this process's end, or its RewardFunction being garbage collected
+        self.stop = weakref.finalize(self, stop_worker, self.process, self.connection)
+        try:
+            self.connection.send((self.spec, os.getpid()))
+            said = self.connection.recv()  # no deadline: an import may take long, and Ctrl-C still stops the run
+        except (EOFError, OSError):
+            said = f"--reward-fn {self.spec}: its process ended while importing it ({ended(self.process)})"
+        except BaseException:
+            self.stop()
+            raise
+        if said is not None:
+            self.stop()
+            raise InputError(said)
+
+    def __call__(self, completion, answer, metadata):
+        return self.many([completion], [answer], [metadata])[0]
+
+    def many(self, completions, answers, metadata):
+        """The function's number for each completion; RewardError at the first that fails or takes too long."""
+        rows = list(zip(completions, answers, metadata))
+        with self.lock:
+            try:
+                return self.ask(rows)
+            except BaseException:  # a failure, a deadline or Ctrl-C: the worker may be busy still, and is killed
+                self.stop()
+                raise
+
+    def ask(self, rows):
+        if not rows:
+            return []
+        if self.process.poll() is not None:  # killed after an earlier failure: a fresh one
+            try:
+                self.start()
+            except InputError as e:
+                raise RewardError(str(e))
+        items = []
+        for completion, answer, metadata in rows:  # each row pickled apart: the one that cannot be is named
+            try:
+                items.append(pickle.dumps((completion, answer, metadata)))
+            except Exception as e:  # a lock, a lambda, an open file: nothing a data row holds once read
+                raise self.failure(completion, answer, f"its metadata cannot be sent to the function's process: "
+                                                       f"{type(e).__name__}: {one_line(str(e))}")
+        try:
+            self.connection.send(items)
+        except OSError:  # it ended while idle (the out-of-memory killer, a kill by hand)
+            raise self.failure(*rows[0][:2], ended(self.process))
+        values = []
+        for completion, answer, _ in rows:
+            if not self.connection.poll(self.timeout):  # waits in select(): no GIL, no signal needed
+                raise self.failure(completion, answer, f"TimeoutError: no result within {self.timeout} s")
+            try:
+                kind, said = self.connection.recv()
+            except (EOFError, OSError):  # os._exit, a crash in C, the out-of-memory killer
+                raise self.failure(completion, answer, ended(self.process))
+            if kind == "failed":
+                raise self.failure(completion, answer, said)
+            if kind == "not a number":
+                raise RewardError(f"--reward-fn {self.spec} returned {said!r}, not a finite number, on completion "
+                                  f"{completion[:300]!r} (answer {answer!r})")
+            values.append(said)
+        return values
+
+    def failure(self, completion, answer, why):
+        return RewardError(f"--reward-fn {self.spec} failed on completion {completion[:300]!r} (answer {answer!r}): {why}")
+
+def stop_worker(process, connection):
+    """Kill a worker and collect it (SIGKILL: it may be busy in C, or ignore every other signal)."""
+    connection.close()
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+def ended(process):
+    """How a worker that stopped answering ended: 'its process ended with exit code 3' or '... was killed by SIGSEGV'."""
+    try:
+        code = process.wait(timeout=10)  # its end of the socket is closed: it is exiting, or gone
+    except subprocess.TimeoutExpired:
+        return "its process closed its connection and did not end"
+    if code >= 0:
+        return f"its process ended with exit code {code}"
+    try:
+        return f"its process was killed by {signal.Signals(-code).name}"
+    except ValueError:  # a signal Python has no name for
+        return f"its process was killed by signal {-code}"
+
+def one_line(text):
+    """text with its line breaks (and runs of spaces) made single spaces."""
+    return " ".join(text.split())
+
+def serve(fd):
+    """The worker's side (WORKER runs it): import the function the first message names, and answer None, or why it
+    cannot be called; then, for each batch, answer each row in turn, ("value", number), ("not a number", what it
+    returned) or ("failed", why), stopping the batch at the first answer that is no value. It ends when the run
+    closes its end of the socket, or is killed."""
+    # signals meant for the run (a scheduler's SIGTERM or SIGUSR1 sent to every process of a job) are the run's to
+    # handle: here they are noted and dropped (a handler of Python's, not SIG_IGN, which the function's own child
+    # processes would inherit). The run kills this process when it stops.
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
+        signal.signal(signum, lambda signum, frame: None)
+    os.set_inheritable(fd, False)  # the function's own child processes (os.system) must not keep the socket open
+    connection = Connection(fd)
+    spec, run = connection.recv()
+    die_with(run)
+    try:
+        function = resolve_reward_fn(spec)
+    except InputError as e:
+        connection.send(str(e))
+        return
+    connection.send(None)
+    while True:
+        try:
+            items = connection.recv()
+        except EOFError:  # the run is over
+            return
+        for item in items:
+            try:
+                completion, answer, metadata = pickle.loads(item)
+            except BaseException as e:  # a class the worker cannot import, say
+                connection.send(("failed", f"its metadata cannot be read in the function's process: {described(e)}"))
+                break
+            kind, said = call_reward_fn(function, completion, answer, metadata)
+            connection.send((kind, said))
+            if kind != "value":
+                break
+        for stream in (sys.stdout, sys.stderr):  # what it printed, out before a kill could lose it
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+
+def die_with(run):
+    """Have the kernel kill this process when the run's process ends, by kill -9 even (Linux's PR_SET_PDEATHSIG):
+    else a worker busy in C outlives it. (The kernel watches the thread that started the worker: the run calls the
+    reward from its main thread.)"""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the worker ends at its next batch, finding the socket closed
+        return
+    if os.getppid() != run:  # the run had ended already
+        os._exit(1)
+
+def resolve_reward_fn(spec):
+    """The function `spec` names, imported; InputError if it cannot be, or cannot be called with three arguments."""
+    module_name, _, function_name = spec.partition(":")
     try:
         function = pkgutil.resolve_name(spec)
-    except Exception as e:  # an AttributeError once the module is in: the function is not in it
+    except BaseException as e:  # an AttributeError once the module is in: the function is not in it; sys.exit too
         if not (isinstance(e, AttributeError) and module_name in sys.modules):
             raise InputError(f"--reward-fn {spec}: cannot import {module_name}: {type(e).__name__}: {e}")
         function = None
@@ -51,23 +238,31 @@ def load_reward_fn(spec, timeout=60.0):
                          f"{function_name}(completion, answer, metadata): {e}")
     except ValueError:  # a built-in without a signature: its first call will tell
         pass
+    return function
 
-    def call(completion, answer, metadata):
-        try:  # sys.exit in it is a failure like any other: the steps done are saved first
-            value = on_time(timeout, function, completion, answer, metadata)
-        except (Exception, SystemExit) as e:
-            raise RewardError(f"--reward-fn {spec} failed on completion {completion[:300]!r} "
-                              f"(answer {answer!r}): {type(e).__name__}: {e}")
-        try:  # a number of any kind (numpy, a 0-d tensor), but not "0.5" or True, which float() would take
-            number = float(value) if not isinstance(value, (str, bytes, bool)) else math.nan
-        except (TypeError, ValueError, OverflowError):
-            number = math.nan
-        if not math.isfinite(number):
-            raise RewardError(f"--reward-fn {spec} returned {str(value)[:100]!r}, not a finite number, on completion "
-                              f"{completion[:300]!r} (answer {answer!r})")
-        return number
+def call_reward_fn(function, completion, answer, metadata):
+    """One call, in the worker: ("value", a finite float), ("not a number", what it returned) or ("failed", why)."""
+    try:
+        value = function(completion, answer, metadata)
+    except BaseException as e:  # sys.exit in it is a failure like any other: the run saves the steps done first
+        return "failed", described(e)
+    try:  # a number of any kind (numpy, a 0-d tensor), but not "0.5" or True, which float() would take
+        number = float(value) if not isinstance(value, (str, bytes, bool)) else math.nan
+    except Exception:  # whatever its __float__ raises
+        number = math.nan
+    if math.isfinite(number):
+        return "value", number
+    try:
+        return "not a number", str(value)[:100]
+    except Exception:
+        return "not a number", f"a {type(value).__name__}"
 
-    return call
+def described(error):
+    """'ValueError: cannot score this (my_rewards.py:9 in reward > my_rewards.py:4 in check)': the error and, on the
+    same line, where it was raised (its traceback's last frames, the outermost first), call_reward_fn's left out."""
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename != __file__][-4:]
+    where = " > ".join(f"{os.path.basename(f.filename)}:{f.lineno} in {f.name}" for f in frames)
+    return f"{type(error).__name__}: {one_line(str(error))}" + (f" ({where})" if where else "")
 
 MAX_REPLY_BYTES = 64 * 2**20  # a reward service's answer larger than this stops the run instead of filling memory
 
@@ -77,6 +272,8 @@ def remote_rewards(url, completions, answers, metadata, timeout=30.0, retries=3)
     stops the run. The tries are counted here, not by urllib3's Retry: each try runs under within(), its whole answer
     in `timeout` seconds (urllib3's timeout bounds each read only: a byte a second would hold the run), and urllib3
     retries inside one call, which no outside bound can cut into tries, nor would it reread a body cut short."""
+    from tiny_grpo.options import redact, scrub  # here, not at the top: see there
+
     shown = redact(url)
     body = json.dumps({"completions": completions, "answers": answers, "metadata": metadata}).encode()
     for attempt in range(1, retries + 1):
@@ -112,6 +309,8 @@ def post(url, body, timeout):
     the Location and at most MAX_REPLY_BYTES + 1 bytes of the answer; urllib3 raises IncompleteRead (in a
     ProtocolError) where the answer stops short of its Content-Length. A user:password@ in the URL is sent as basic
     authentication (UTF-8, RFC 7617), never as part of the address urllib3 sees and may quote."""
+    from tiny_grpo.options import credentials  # here, not at the top: see there
+
     address, auth = credentials(url)
     headers = {"Content-Type": "application/json"}
     if auth is not None:
@@ -127,39 +326,6 @@ def finite_number(value):
         return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     except OverflowError:
         return False
-
-def on_time(seconds, function, *args):
-    """function(*args) in this thread, or TimeoutError after `seconds`: a timer thread interrupts it with SIGUSR1, and
-    again every second should it catch the error and go on. In the main thread a function can use signals itself,
-    as math-verify does (SIGALRM), which a worker thread cannot; in another thread this is within().
-    concurrent.futures is no substitute: it runs the call in a worker thread and, when late, leaves it running."""
-    if threading.current_thread() is not threading.main_thread():
-        return within(seconds, function, *args)
-    done, late = threading.Event(), []
-
-    def expire(signum, frame):
-        if not done.is_set():
-            late.append(signum)
-            raise TimeoutError(f"no result within {seconds} s")
-
-    def watch():
-        if not done.wait(seconds):
-            while not done.is_set():
-                signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
-                done.wait(1.0)
-
-    previous = signal.signal(signal.SIGUSR1, expire)
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    try:
-        value = function(*args)
-    finally:
-        done.set()
-        watcher.join()  # no signal is sent after this
-        signal.signal(signal.SIGUSR1, signal.SIG_DFL if previous is None else previous)
-    if late:  # it caught the TimeoutError and returned: too late all the same
-        raise TimeoutError(f"no result within {seconds} s")
-    return value
 
 def within(seconds, function, *args):
     """function(*args), or TimeoutError after `seconds`. It runs in a thread, left behind if late: neither a Python

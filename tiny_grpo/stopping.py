@@ -1,5 +1,5 @@
-"""Stopping: Ctrl-C, SIGTERM and SIGHUP deferred while an update is made, a failed reward or a diverged loss; the
-steps done are saved."""
+"""Stopping: Ctrl-C, SIGTERM, SIGHUP and SIGUSR1 deferred while an update is made, a failed reward or a diverged loss;
+the steps done are saved."""
 
 import contextlib, signal, sys  # noqa: E401
 
@@ -13,15 +13,18 @@ def say(text):
         pass
 
 class Interrupts:
-    """Ctrl-C, SIGTERM and SIGHUP raise KeyboardInterrupt at once, except inside `with interrupts.deferred():`,
-    where they wait until the block ends: a checkpoint never holds half an update. Only the first one does: the run
-    is stopping and saving then, and a second Ctrl-C (or a scheduler's second SIGTERM) must not cut the save short."""
+    """Ctrl-C, SIGTERM, SIGHUP and SIGUSR1 raise KeyboardInterrupt at once, except inside
+    `with interrupts.deferred():`, where they wait until the block ends: a checkpoint never holds half an update. Only
+    the first one does: the run is stopping and saving then, and a second Ctrl-C (or a scheduler's second SIGTERM)
+    must not cut the save short."""
 
     def __init__(self):
         self.deferring, self.pending, self.stopping = False, None, False
-        # a cluster scheduler's SIGTERM is handled like Ctrl-C, and so is a closed terminal or ssh session (SIGHUP);
-        # a signal ignored at the start stays ignored: nohup's SIGHUP, a background job's SIGINT
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        # a cluster scheduler's SIGTERM is handled like Ctrl-C, and so is a closed terminal or ssh session (SIGHUP)
+        # and the warning a scheduler sends before it pre-empts a job (SLURM's --signal=USR1@90; its default action
+        # would end the run unsaved); a signal ignored at the start stays ignored: nohup's SIGHUP, a background job's
+        # SIGINT
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
             if signal.getsignal(signum) != signal.SIG_IGN:
                 signal.signal(signum, self.handle)
 
