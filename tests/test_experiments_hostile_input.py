@@ -1498,3 +1498,26 @@ def test_every_copy_takes_sigusr1_as_sigterm(name):
                   "    os.kill(os.getpid(), signal.SIGUSR1)\nexcept KeyboardInterrupt as e:\n    print('stopping on', e)")
     result = run_command([sys.executable, "-c", script])
     assert result.returncode == 0 and "stopping on SIGUSR1" in result.stdout, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("options, env, says", [
+    (["--run-name", "run:1#?"], {"WANDB_MODE": "offline"}, "--run-name 'run:1#?': W&B takes no # : ?"),
+    (["--wandb-project", "team/project"], {"WANDB_MODE": "offline"}, "--wandb-project 'team/project': W&B takes no /"),
+    ([], {"WANDB_MODE": "online"}, "--wandb: no W&B API key"),
+    ([], {"WANDB_MODE": "offline", "import": "fails"}, "--wandb: W&B cannot be imported"),
+], ids=["run-name", "project", "no-api-key", "no-import"])
+def test_what_wandb_would_refuse_is_refused_before_the_model_loads(options, env, says, tmp_path, monkeypatch, capsys):
+    """A run name W&B refuses as an id, a project holding '/', no API key in online mode or a W&B that fails to
+    import surfaced as tracebacks after the model had loaded (a minute or more): each is one line now, before it."""
+    from conftest import fails_with
+
+    module = load_experiment("experiment_base")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.netrc, no W&B settings
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_MODE", env["WANDB_MODE"])
+    if env.get("import") == "fails":
+        monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
+    argv = tiny_run(module, tmp_path / "no-model-here", tmp_path, "--wandb", *options)
+    said = fails_with(module, argv, capsys)
+    assert says in said and "Traceback" not in said and "no-model-here" not in said  # before the model was looked for
+    assert not (tmp_path / "home").exists()  # nothing written to the user's home

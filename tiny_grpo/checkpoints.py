@@ -10,6 +10,7 @@ from tiny_grpo.data import FOLDER_FORMATS, hub_id
 from tiny_grpo.errors import InputError
 from tiny_grpo.models import PACKAGED_GEMMA
 from tiny_grpo.options import recorded_options
+from tiny_grpo.report import check_wandb
 
 HELD_LOCKS = {}  # run folder -> a descriptor of it; flock holds it while this process lives, however it ends
 
@@ -35,6 +36,7 @@ def claim_run(args, problem=None):
     if checkpoint_dir:
         args.run_name = args.run_name or checkpoint_dir.parent.name  # keep logging into the same run
     args.run_name = args.run_name or f"{args.experiment}-{time.strftime('%Y%m%d-%H%M%S')}"
+    check_wandb(args)  # what W&B would refuse after the model loads
     run_dir = Path(args.checkpoint_path) / args.run_name
     for folder, option in ((run_dir, "--checkpoint-path"), (Path(args.log_dir) / args.run_name, "--log-dir")):
         try:

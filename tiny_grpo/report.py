@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from tiny_grpo.errors import DivergedError
+from tiny_grpo.errors import DivergedError, InputError
 from tiny_grpo.options import recorded_options, redact
 from tiny_grpo.stopping import say
 
@@ -50,6 +50,27 @@ def clip_gradients(model, max_norm, stats):
     if not torch.isfinite(grad_norm):
         raise DivergedError(grad_norm.item(), stats.last_loss, stats.done)
     return grad_norm
+
+WANDB_REFUSES = "/\\#?%:"  # characters W&B takes in no run id nor project name
+
+def check_wandb(args):
+    """With --wandb, what W&B would refuse after the model has loaded, refused now in one line each: a run name or
+    project it cannot take, no API key in online mode, a W&B that does not import."""
+    if not args.wandb:
+        return
+    for option, value in (("--run-name", args.run_name), ("--wandb-project", args.wandb_project)):
+        bad = sorted(set(value) & set(WANDB_REFUSES))
+        if bad:
+            raise InputError(f"{option} {value!r}: W&B takes no {' '.join(bad)} in a run's name or project; choose "
+                             "another, or leave out --wandb")
+    try:
+        import wandb
+    except Exception as e:  # not installed, or a version that fails on import
+        raise InputError(f"--wandb: W&B cannot be imported ({type(e).__name__}: {str(e)[:200]})")
+    online = os.environ.get("WANDB_MODE", "online") not in ("offline", "dryrun", "disabled")
+    if online and not wandb.login(prompt=False, verify=False):  # reads the key W&B would use; writes nothing
+        raise InputError("--wandb: no W&B API key (run `wandb login`, or set WANDB_API_KEY); WANDB_MODE=offline logs "
+                         "to the run's folder without one")
 
 class Logger:
     """TensorBoard always; Weights & Biases with --wandb, its files in the same claimed folder, LOG_DIR/RUN_NAME/wandb.
