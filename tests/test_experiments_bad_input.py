@@ -72,5 +72,6 @@ def test_resume_from_nothing(task_experiment, tmp_path, capsys):
 
 def test_unloadable_model(task_experiment, tmp_path, capsys):
     path = write_jsonl(tmp_path / "tasks.jsonl", [{"question": "1+1", "answer": "2"}])
-    argv = data_args(path) + ["--model-name", "no-such-owner/no-such-model"]
+    argv = data_args(path) + ["--model-name", "no-such-owner/no-such-model", "--checkpoint-path", tmp_path / "out",
+                              "--log-dir", tmp_path / "runs"]  # the run claims its folders before the model loads
     assert "--model-name no-such-owner/no-such-model: cannot load it" in fails_with(task_experiment, argv, capsys)
