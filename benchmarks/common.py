@@ -160,7 +160,7 @@ def project_steps(base, options, tasks, args, profile=None, evaluation=None):
         base.rollout = lambda *a, **k: spied.append(rollout(*a, **k)) or spied[-1]
         started = time.perf_counter()
         try:
-            evaluation.update(base.evaluate(model, tokenizer, evaluation.pop("tasks"), options, base.Scorer()))
+            evaluation.update(base.evaluate(model, tokenizer, evaluation.pop("tasks"), options, base.Scorer())[0])
         finally:
             base.rollout = rollout
         evaluation.update(seconds=time.perf_counter() - started, tokens=int(spied[0].action_mask.sum()),

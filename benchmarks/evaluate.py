@@ -179,7 +179,8 @@ def main(argv=None):
         for t in tasks:
             t["prompt"] = base.format_prompt(tokenizer, t["question"], task)
         score = base.Scorer(task=task)
-        results[task] = {**base.evaluate(model, tokenizer, tasks, options, score), "problems": len(tasks)}
+        metrics, _ = base.evaluate(model, tokenizer, tasks, options, score)  # (metrics, the rollout)
+        results[task] = {**metrics, "problems": len(tasks)}
         if args.samples:
             results[task].update(sampled(base, model, tokenizer, tasks, options, score, args.samples, args.temperature))
         print(f"{task}: {results[task]}", flush=True)

@@ -36,7 +36,7 @@ once for every experiment; none of it changes what is computed.
     python experiment_accelerate_ddp/train.py --help
 """
 
-import argparse, contextlib, copy, math, random, re, sys, time  # noqa: E401
+import argparse, contextlib, copy, math, random, re, sys  # noqa: E401
 import hashlib, json, os, pickle, shutil, signal, tempfile  # noqa: E401
 from collections import Counter
 from dataclasses import dataclass
@@ -44,19 +44,20 @@ from pathlib import Path
 
 import torch
 
+import tiny_grpo.report
 from tiny_grpo.answers import answer_parses, check_finite, parse_number, task_correctness
+from tiny_grpo.bookkeeping import Bookkeeping
 from tiny_grpo.checkpoints import (apply_learning_rate, check_weight_names, checkpoints_in, claim_run, load_state_file,
-    real_folder, safetensors_problem, save_failure_cause, training_state)
-from tiny_grpo.data import OTHER_TASKS, Task, check_context, load_tasks, next_prompts
+    real_folder, save_failure_cause, training_state)
+from tiny_grpo.data import OTHER_TASKS, Task, check_context, load_tasks, located, next_prompts
 from tiny_grpo.decode import draw, ends_with_stop_string, nucleus, pad_right, sample_fast, stop_token_ids
-from tiny_grpo.errors import DivergedError, InputError, RewardError
+from tiny_grpo.errors import DivergedError, InputError
 from tiny_grpo.logprobs import fast_log_probs
 from tiny_grpo.models import (attention_implementation, chat_prompt, keep_quantized_layout, load_tokenizer,
-    resolve_dtype, resolve_model_path, sampling_weights, uncast_lora_inputs)
+    resolve_dtype, resolve_model_path, safetensors_problem, sampling_weights, uncast_lora_inputs)
 from tiny_grpo.options import HelpFormatter, add_setup_options, has_splits, integer, real, resolve_device
-from tiny_grpo.report import Logger, PhasePeaks, advance_bar, held_out, sample_text, step_metrics
 from tiny_grpo.rewards import OutsideTerms
-from tiny_grpo.stopping import say
+from tiny_grpo.update import OldLogProbs
 
 # ---- Configuration ----
 
@@ -126,10 +127,10 @@ def complete_args(args, parser):
             setattr(args, name, gpu if args.device.startswith("cuda") else cpu)
     if args.generation_batch_size is None:  # the whole step at once
         args.generation_batch_size = args.rollouts_per_step * args.group_size
-    if args.data_path is None:  # the task's own data
-        args.data_path, args.data_config = TASKS[args.task].train, args.data_config or TASKS[args.task].config
+    if args.data_path is None:  # the task's own data, found from any working directory
+        args.data_path, args.data_config = located(TASKS[args.task].train), args.data_config or TASKS[args.task].config
     if args.eval_data_path is None:  # a hub id or folder has its own held-out split; a file is evaluated on the task's
-        args.eval_data_path = args.data_path if has_splits(args.data_path) else TASKS[args.task].eval
+        args.eval_data_path = args.data_path if has_splits(args.data_path) else located(TASKS[args.task].eval)
     if not args.lora and args.quantization != "none":
         parser.error("--no-lora trains every weight, which quantized weights cannot do: add --quantization none")
     if args.sampling_weights != "auto" and args.quantization != "4bit":  # both name a way to sample from 4-bit weights
@@ -222,11 +223,11 @@ def load_inputs(args):
     score = Scorer(args.task, args.reasoning_format, args.partial_credit, args.reward_weights, args.reward_fn,
                    args.reward_url, args.reward_timeout, custom_timeout=args.reward_fn_timeout)
     train_tasks = load_tasks(args.data_path, args.prompt_key, args.answer_key, args.filter, args.max_prompts,
-                             args.data_config, args.data_split, args.task)
+                             args.data_config, args.data_split, args.task, json_metadata=bool(args.reward_url))
     eval_tasks = []
     if args.eval_interval:
         eval_tasks = load_tasks(args.eval_data_path, args.prompt_key, args.answer_key, args.filter, args.eval_prompts,
-                                args.data_config, args.eval_split, args.task)
+                                args.data_config, args.eval_split, args.task, json_metadata=bool(args.reward_url))
     return score, train_tasks, eval_tasks
 
 # The reward is a weighted sum of terms, each in [0, 1] and each logged on its own (their code follows):
@@ -468,6 +469,9 @@ def grpo_loss(log_probs, old_log_probs, advantages, action_mask, clip_eps=0.2, r
     is_clipped = ((ratio < 1 - clip_eps) & (advantages < 0)) | ((ratio > 1 + clip_eps) & (advantages > 0))
     stats["clip_fraction"] = masked_mean(is_clipped.float(), action_mask).item()
     stats["ratio"] = masked_mean(ratio, action_mask).item()
+    # per token, for the rollout log (docs/rollout-log.md): clipped +1 above 1 + eps (A > 0), -1 below 1 - eps (A < 0)
+    stats["tokens"] = {"logp_old": old_log_probs, "ratio": ratio.detach(), "clipped": is_clipped * advantages.sign(),
+                       **({"kl": kl.detach()} if ref_log_probs is not None else {})}
     return loss, stats
 
 # ---- The update: train_step ----
@@ -504,16 +508,11 @@ def train_step(policy, batch, args, optimizer, scheduler, accelerator, total, re
             for idx in torch.arange(n).split(args.train_batch_size):
                 ref_log_probs[idx] = log_probs(ref_model, idx)[0]
 
-    # pi_old, the policy that sampled: pi_theta before the update, recorded from the first forward pass below at no
-    # cost; with LoRA dropout that pass holds a mask the sampler never used: then one no-grad pass in eval mode first.
-    old_log_probs = torch.zeros(n, num_actions, device=ids.device)
-    old_from_first_pass = args.lora_dropout == 0
-    if not old_from_first_pass:
-        model.eval()
-        with torch.no_grad():
-            for idx in torch.arange(n).split(args.train_batch_size):
-                old_log_probs[idx] = log_probs(model, idx)[0]
-        model.train()
+    # pi_old, the policy that sampled: log pi_old(a_t | s_t), one no-grad pass in eval mode (no LoRA dropout) before any
+    # update; with one update per pass it is read off the first pass's own forward (tiny_grpo/update.py). Every row
+    # runs: a process whose rows all add nothing still takes part in DDP's all-reduce.
+    old = OldLogProbs(model, log_probs, torch.ones(n, dtype=torch.bool), args.train_batch_size, num_actions, 1,
+                      args.lora_dropout)
 
     stats = StepStatistics(kl=ref_log_probs is not None, updates=args.epochs_per_step)  # one update per pass
     params = [p for p in policy.parameters() if p.requires_grad]
@@ -525,16 +524,15 @@ def train_step(policy, batch, args, optimizer, scheduler, accelerator, total, re
             # gradients add up locally; DDP all-reduces them in the last micro-batch's backward: once per update
             with contextlib.nullcontext() if i == len(mini_batch) - 1 else accelerator.no_sync(policy):
                 new_log_probs, entropy = policy(ids[idx], attention[idx], num_actions, args.temperature)
-                if epoch == 0 and old_from_first_pass:
-                    old_log_probs[idx] = new_log_probs.detach()
-                loss, loss_stats = grpo_loss(new_log_probs, old_log_probs[idx], advantages[idx], action_mask[idx],
+                old_log_probs = old(idx, epoch, new_log_probs)  # log pi_old of these rows
+                loss, loss_stats = grpo_loss(new_log_probs, old_log_probs, advantages[idx], action_mask[idx],
                                              args.clip_eps, None if ref_log_probs is None else ref_log_probs[idx],
                                              args.kl_weight)
                 # DDP averages the W processes' gradients; a sequence weighing W / total makes that average the
                 # gradient of the mean over all the step's sequences, however many each process holds
                 with uncast_lora_inputs(model):  # the same gradients, fewer copies (checkpointing's recomputation)
                     accelerator.backward(loss * len(idx) * accelerator.num_processes / total)
-            stats.add(loss, loss_stats, len(idx) / total, entropy, action_mask[idx])  # its share over all processes
+            stats.add(loss, loss_stats, len(idx) / total, entropy, action_mask[idx], idx)  # its share over all processes
         grad_norm = accelerator.clip_grad_norm_(params, args.max_grad_norm)  # the averaged gradient's; DeepSpeed: float or None
         if grad_norm is not None and not math.isfinite(float(grad_norm)):  # inf or nan: stop before an update is made with it
             raise DivergedError(float(grad_norm), stats.last_loss, stats.done)
@@ -545,13 +543,13 @@ def train_step(policy, batch, args, optimizer, scheduler, accelerator, total, re
 
 @torch.no_grad()
 def evaluate(model, tokenizer, tasks, args, score):
-    """Greedy accuracy (the share of exactly right answers) and format rate on held-out tasks."""
+    """Greedy accuracy (the share of exactly right answers) and format rate on held-out tasks; and the rollout."""
     model.eval()
     with sampling_weights(model, args):  # 4-bit weights dequantized once, not at every token
         result = rollout(model, tokenizer, tasks, group_size=1, max_length=args.max_length, temperature=0,
                          generation_batch_size=args.generation_batch_size, score=score)
     return {"eval/accuracy": (result.terms["correctness"] == 1).float().mean().item(),
-            "eval/format_rate": result.terms["format"].mean().item()}
+            "eval/format_rate": result.terms["format"].mean().item()}, result
 
 # ---- The training loop ----
 
@@ -566,8 +564,6 @@ def main(argv=None):
         sys.exit(130)
 
 def run(args):
-    from tqdm import tqdm
-
     score, train_tasks, eval_tasks = load_inputs(args)  # bad data or reward options fail before the model loads
     accelerator = start_accelerator(args)  # this process's device, and the checks that need the number of processes
     checkpoint_dir, run_dir = claim_run_once(args, accelerator)  # by the main process, the same on every process
@@ -585,35 +581,31 @@ def run(args):
     policy, optimizer = prepare_policy(accelerator, model, optimizer, scheduler, args)
     torch.manual_seed(args.seed + accelerator.process_index)  # each process samples its own completions
     step, position = resume(checkpoint_dir, accelerator, optimizer, scheduler)  # position: (data pass, index in it)
-    logger, interrupts = (Logger(args, step) if accelerator.is_main_process else None), Interrupts()  # one set of events
-    memory = PhasePeaks(args.device)  # each phase's memory peak, logged (this process's)
+    interrupts = Interrupts()  # a Ctrl-C or SIGTERM on any process stops every process, after a rollout
 
-    def save():  # the steps done so far, as run_dir/step_N
+    def save(step, position):  # the steps done so far, as run_dir/step_N; every process saves (save_state is collective)
         save_checkpoint(run_dir / f"step_{step:06d}", accelerator, policy, scheduler, training_state(args, step, position),
                         args.keep_checkpoints)
 
-    evals = {}  # step: the held-out evaluation's metrics, for the progress bar and the closing line
-    progress = tqdm(total=args.max_steps, initial=step, desc=args.run_name, dynamic_ncols=True,
-                    disable=not accelerator.is_main_process)
-    try:
-        if args.eval_interval and step == 0 and accelerator.is_main_process:  # the eval curve's start; Ctrl-C here saves too
+    # the loggers, memory peaks, the progress bar, a checkpoint every --checkpoint-interval steps and at the end; only
+    # the main process logs (the step's metrics are of every process's rollout) and evaluates
+    with Bookkeeping(args, run_dir, step, position, save, eval_tasks, tokenizer, score.weights,
+                     accelerator.is_main_process, interrupts) as book:
+        if args.eval_interval and book.step == 0 and accelerator.is_main_process:  # the eval curve's start
             with accelerator.autocast():
-                evals[0] = evaluate(model, tokenizer, eval_tasks, args, score)
-                logger.scalars(evals[0], 0)
-        while step < args.max_steps:
-            started = time.perf_counter()
-            tasks, next_position = next_prompts(train_tasks, args.rollouts_per_step, position, args.seed)  # seeded shuffle
+                book.evaluated(*evaluate(model, tokenizer, eval_tasks, args, score))
+        while book.step < args.max_steps:
+            step_tasks, next_position = next_prompts(train_tasks, args.rollouts_per_step, book.position, args.seed)
             # this process's share of the step's prompts: contiguous and whole (so are the groups); with P prompts
             # and W processes the first P % W processes take one more
-            with accelerator.split_between_processes(list(range(len(tasks)))) as share:
-                tasks = [tasks[i] for i in share]
+            with accelerator.split_between_processes(list(range(len(step_tasks)))) as share:
+                tasks = [step_tasks[i] for i in share]
 
             # Rollout: sample a group of completions per prompt and score them.
             model.eval()
-            with accelerator.autocast(), sampling_weights(model, args), memory.phase("sampling"):  # 4-bit weights dequantized once
+            with accelerator.autocast(), sampling_weights(model, args), book.phase("sampling"):  # 4-bit weights dequantized once
                 result = rollout(model, tokenizer, tasks, args.group_size, args.max_length, args.temperature, args.top_p,
                                  args.generation_batch_size, score)
-            rollout_seconds = time.perf_counter() - started
             rewards = result.rewards.view(-1, args.group_size)
             advantages = group_advantages(rewards).flatten().to(args.device)
             interrupts.check(accelerator)  # Ctrl-C or SIGTERM on any process: all stop here, before the update
@@ -623,63 +615,38 @@ def run(args):
             batch = (result.sequence_ids, result.attention_mask, result.action_mask, advantages)
             before = weights_sha1(model) if args.debug_ranks else None
             total = args.rollouts_per_step * args.group_size  # the step's sequences, over all processes
-            with memory.phase("training"):
-                stats = train_step(policy, batch, args, optimizer, scheduler, accelerator, total, reference, step)
-            step, position = step + 1, next_position
+            with book.update(next_position):  # weights, optimizer and step change together; then book.step += 1
+                stats = train_step(policy, batch, args, optimizer, scheduler, accelerator, total, reference, book.step)
             if args.debug_ranks:
-                log_rank(args, accelerator, step, share, tasks, result, before, weights_sha1(model))
-
-            everyone = gather_rollouts(result)  # every process's completions, for the statistics
-            seconds = rollout_seconds, time.perf_counter() - started
-            if args.eval_interval and (step % args.eval_interval == 0 or step == args.max_steps) and accelerator.is_main_process:
+                log_rank(args, accelerator, book.step, share, tasks, result, before, weights_sha1(model))
+            everyone = gather_rollouts(result)  # every process's completions, for the step's metrics
+            if args.eval_interval and (book.step % args.eval_interval == 0 or book.step == args.max_steps) and accelerator.is_main_process:
                 with accelerator.autocast():  # the main process evaluates; the others go on to their next rollout
-                    evals[step] = evaluate(model, tokenizer, eval_tasks, args, score)
-            report(logger, progress, args, step, result, everyone, stats, seconds, memory, evals, tasks)  # TensorBoard
-            if args.checkpoint_interval and step % args.checkpoint_interval == 0:
-                save()
-        save()
-    except (KeyboardInterrupt, RewardError, DivergedError) as stop:
-        stopped(stop, step, run_dir, save, logger, progress)  # saves the steps done, then exits or re-raises
-    progress.close()
-    if logger:  # the main process
-        logger.close()
-        print(f"done: {step} steps; checkpoint in {run_dir / f'step_{step:06d}'}{held_out(evals, len(eval_tasks))}")
-
+                    book.evaluated(*evaluate(model, tokenizer, eval_tasks, args, score))
+            book.report(result, rewards, stats, tasks, advantages, everyone=(everyone, step_tasks))  # and a checkpoint
 
 # ---- This experiment's own plumbing: what it changes of tiny_grpo/'s, what calls that, its own tools ----
 
-class StepStatistics:
-    """What train_step logs, as means over a step: the loss terms over its updates (each micro-batch by its share of
-    its mini-batch), the gradient norm and the learning rate over its updates, the entropy over the sequences that
-    ran. updates: the step's optimizer updates."""
-
-    def __init__(self, kl, updates):
-        self.logged = ["loss", "clip_fraction"] + (["kl"] if kl else [])
-        self.totals = dict.fromkeys(self.logged + ["grad_norm", "lr"], 0.0)
-        self.updates, self.done, self.last_loss = updates, 0, math.nan
-        self.entropy_sum, self.ran = 0.0, 0
-
-    def add(self, loss, stats, share, entropy, mask):
-        """A micro-batch's loss and grpo_loss' statistics; share: its part of its mini-batch."""
-        self.last_loss = loss.item()
-        stats.update(loss=self.last_loss)
-        for name in self.logged:
-            self.totals[name] += stats[name] * (share / self.updates)
-        self.entropy_sum, self.ran = self.entropy_sum + masked_mean(entropy, mask).item() * len(mask), self.ran + len(mask)
+class StepStatistics(tiny_grpo.report.StepStatistics):
+    """The package's (tiny_grpo/report.py), over every process: each micro-batch's share is of all the step's
+    sequences, so that the processes' parts add up; DeepSpeed's gradient norm may be a float, or None (not known)."""
 
     def update(self, grad_norm, optimizer):
-        """An optimizer update about to be made: its gradient norm (None: DeepSpeed's, not known) and learning rate."""
-        self.totals["grad_norm"] += float("nan") if grad_norm is None else float(grad_norm) / self.updates
-        self.totals["lr"] += optimizer.param_groups[0]["lr"] / self.updates  # the rate used
-        self.done += 1
+        super().update(torch.tensor(math.nan if grad_norm is None else float(grad_norm), dtype=torch.float64), optimizer)
 
     def means(self, accelerator):
-        """The step's means over every process: each one's parts of the loss terms and of the entropy summed (the
-        shares are of all the processes' sequences); the gradient norm and the rate are the same everywhere."""
-        parts = [self.totals[name] for name in self.logged] + [self.entropy_sum, self.ran]
-        summed = accelerator.reduce(torch.tensor(parts, dtype=torch.float64, device=accelerator.device), "sum").tolist()
-        entropy = {"entropy": summed[-2] / summed[-1]} if summed[-1] else {}
-        return {**self.totals, **dict(zip(self.logged, summed[:-2])), **entropy}
+        """The step's means over every process (one all-gather): the loss terms, the clipped shares and the entropy
+        summed, the ratio's extremes over all; the gradient norm and the rate are the same everywhere; the per-token
+        values stay this process's, of its own rows."""
+        own = {**self.totals, "clip_low_fraction": 0.0, "clip_high_fraction": 0.0, **self.sides}
+        names = self.logged + ["clip_low_fraction", "clip_high_fraction"]
+        row = [own[name] for name in names] + [self.entropy_sum, self.ran, -own.get("ratio_min", math.inf),
+                                                own.get("ratio_max", -math.inf)]
+        rows = accelerator.gather(torch.tensor([row], dtype=torch.float64, device=accelerator.device))
+        *summed, entropy_sum, ran = rows[:, :-2].sum(0).tolist()
+        lowest, highest = rows[:, -2:].amax(0).tolist()
+        return {**self.totals, **dict(zip(names, summed)), **({"entropy": entropy_sum / ran} if ran else {}),
+                "ratio_min": -lowest, "ratio_max": highest, "tokens": self.tokens}
 
 def start_accelerator(args):
     """This process's Accelerator; args.device becomes its device (each process its own GPU, cuda:LOCAL_RANK, where
@@ -977,23 +944,13 @@ def resume(folder, accelerator, optimizer, scheduler):
         print(f"resumed from {folder} at step {state['step']}")
     return state["step"], tuple(state["data_position"])
 
-def report(logger, progress, args, step, result, everyone, stats, seconds, memory, evals, tasks):
-    """Log a step (TensorBoard, W&B): step_metrics and the held-out evaluation if one ran; every
-    --log-completions-interval steps a few completions; then the progress bar, its postfix the step's mean reward,
-    KL and the held-out accuracy so far. The metrics are of every process's rollout (everyone, gathered); every process
-    computes them, and the main process alone, the one logger, logs them and a few of its own completions."""
-    rewards = everyone.rewards.view(-1, args.group_size)
-    metrics = {**step_metrics(everyone, rewards, stats, *seconds, memory), **evals.get(step, {})}
-    if logger and args.log_completions_interval and step % args.log_completions_interval == 0:
-        logger.text("rollout/completions", sample_text(result, tasks, args.group_size), step)
-    if logger:  # the main process
-        logger.scalars(metrics, step)
-    advance_bar(progress, metrics, stats, evals)
-
 class Interrupts:
     """Ctrl-C, SIGTERM and SIGHUP only take note. After each rollout every process learns whether any process was
     interrupted (one all-reduce), and then all raise KeyboardInterrupt together: a process that stopped alone
-    would leave the others waiting in their next collective, and a checkpoint never holds half an update."""
+    would leave the others waiting in their next collective, and a checkpoint never holds half an update. For
+    Bookkeeping, which defers the package's Interrupts during an update: nothing here raises, nothing to defer."""
+
+    deferred, stopping = contextlib.nullcontext, False
 
     def __init__(self):
         self.pending = None
@@ -1012,30 +969,6 @@ class Interrupts:
         interrupted = torch.tensor([float(self.pending is not None)], device=accelerator.device)
         if accelerator.reduce(interrupted, "sum").item() > 0:
             raise KeyboardInterrupt(signal.Signals(self.pending).name if self.pending else "another process")
-
-def stopped(stop, step, run_dir, save, logger, progress):
-    """Save the steps done and report: Ctrl-C exits with 130, a reward failure or divergence goes on to main's error
-    message. A step that diverged after some of its updates is not saved (its weights are half updated). Every process
-    comes here alike (interruptions and gradients are all-reduced) and saves; the main process, the one logger, reports."""
-    try:
-        progress.close()
-    except OSError:  # its pipe closed: the save below matters, the bar does not
-        pass
-    half_updated = isinstance(stop, DivergedError) and stop.updates_done > 0
-    what = {KeyboardInterrupt: "\ninterrupted", RewardError: "\nthe reward failed"}.get(type(stop), f"\nstep {step + 1} diverged")
-    tell = say if logger else (lambda text: None)
-    if half_updated:
-        tell(f"{what}: its first updates are not saved")
-    elif step == 0:  # a checkpoint of zero steps holds nothing of the run and would block its name
-        tell(f"{what}: before the first step; nothing to save")
-    else:
-        tell(f"{what}: saving step {step} to {run_dir} (Ctrl-C again waits until it is written)")
-        save()
-    if logger:
-        logger.close()
-    if isinstance(stop, KeyboardInterrupt):
-        sys.exit(130)
-    raise stop
 
 if __name__ == "__main__":
     main()

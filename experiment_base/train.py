@@ -29,7 +29,7 @@ import torch
 from tiny_grpo.answers import answer_parses, check_finite, parse_number, task_correctness
 from tiny_grpo.bookkeeping import Bookkeeping
 from tiny_grpo.checkpoints import claim_run, resume, save_checkpoint, training_state
-from tiny_grpo.data import OTHER_TASKS, Task, check_context, load_tasks, next_prompts
+from tiny_grpo.data import OTHER_TASKS, Task, check_context, load_tasks, located, next_prompts
 from tiny_grpo.decode import draw, ends_with_stop_string, nucleus, pad_right, sample_fast, stop_token_ids
 from tiny_grpo.errors import InputError
 from tiny_grpo.logprobs import fast_log_probs
@@ -38,6 +38,7 @@ from tiny_grpo.models import (attention_implementation, chat_prompt, keep_quanti
 from tiny_grpo.options import HelpFormatter, add_setup_options, has_splits, integer, real, resolve_device
 from tiny_grpo.report import StepStatistics, clip_gradients
 from tiny_grpo.rewards import OutsideTerms
+from tiny_grpo.update import OldLogProbs, micro_batches, rows_that_count
 
 # ---- Configuration ----
 
@@ -97,10 +98,10 @@ def complete_args(args, parser):
             setattr(args, name, gpu if args.device.startswith("cuda") else cpu)
     if args.generation_batch_size is None:  # the whole step at once
         args.generation_batch_size = args.rollouts_per_step * args.group_size
-    if args.data_path is None:  # the task's own data
-        args.data_path, args.data_config = TASKS[args.task].train, args.data_config or TASKS[args.task].config
+    if args.data_path is None:  # the task's own data, found from any working directory
+        args.data_path, args.data_config = located(TASKS[args.task].train), args.data_config or TASKS[args.task].config
     if args.eval_data_path is None:  # a hub id or folder has its own held-out split; a file is evaluated on the task's
-        args.eval_data_path = args.data_path if has_splits(args.data_path) else TASKS[args.task].eval
+        args.eval_data_path = args.data_path if has_splits(args.data_path) else located(TASKS[args.task].eval)
     if args.updates_per_step > args.rollouts_per_step * args.group_size:
         parser.error(f"--updates-per-step {args.updates_per_step}: a step has only {args.rollouts_per_step * args.group_size} "
                      "sequences (rollouts-per-step x group-size) to split into mini-batches")
@@ -196,11 +197,11 @@ def load_inputs(args):
     score = Scorer(args.task, args.reasoning_format, args.partial_credit, args.reward_weights, args.reward_fn,
                    args.reward_url, args.reward_timeout, custom_timeout=args.reward_fn_timeout)
     train_tasks = load_tasks(args.data_path, args.prompt_key, args.answer_key, args.filter, args.max_prompts,
-                             args.data_config, args.data_split, args.task)
+                             args.data_config, args.data_split, args.task, json_metadata=bool(args.reward_url))
     eval_tasks = []
     if args.eval_interval:
         eval_tasks = load_tasks(args.eval_data_path, args.prompt_key, args.answer_key, args.filter, args.eval_prompts,
-                                args.data_config, args.eval_split, args.task)
+                                args.data_config, args.eval_split, args.task, json_metadata=bool(args.reward_url))
     return score, train_tasks, eval_tasks
 
 # The reward is a weighted sum of terms, each in [0, 1] and each logged on its own (their code follows):
@@ -442,6 +443,9 @@ def grpo_loss(log_probs, old_log_probs, advantages, action_mask, clip_eps=0.2, r
     is_clipped = ((ratio < 1 - clip_eps) & (advantages < 0)) | ((ratio > 1 + clip_eps) & (advantages > 0))
     stats["clip_fraction"] = masked_mean(is_clipped.float(), action_mask).item()
     stats["ratio"] = masked_mean(ratio, action_mask).item()
+    # per token, for the rollout log (docs/rollout-log.md): clipped +1 above 1 + eps (A > 0), -1 below 1 - eps (A < 0)
+    stats["tokens"] = {"logp_old": old_log_probs, "ratio": ratio.detach(), "clipped": is_clipped * advantages.sign(),
+                       **({"kl": kl.detach()} if ref_log_probs is not None else {})}
     return loss, stats
 
 # ---- The update: train_step ----
@@ -475,37 +479,27 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
             for idx in torch.arange(n).split(args.train_batch_size):
                 ref_log_probs[idx] = log_probs(ref_model, idx)[0]
 
-    # With beta = 0 a sequence whose advantage is 0 (a group of equal rewards) adds exactly 0 to the loss and to its
-    # gradient: no pass below runs it, and each mean still divides by all the sequences (README: zero advantages).
-    needed = (advantages != 0).cpu() if ref_log_probs is None else torch.ones(n, dtype=torch.bool)
-
-    # pi_old, the policy that sampled. With one update and no dropout it is pi_theta before the update, recorded
-    # from the first forward pass below at no cost. Otherwise a later mini-batch would see weights already
-    # updated, and LoRA dropout a mask the sampler never used: then one no-grad pass in eval mode first.
-    old_log_probs = torch.zeros(n, num_actions, device=ids.device)
-    old_from_first_pass = args.updates_per_step == 1 and args.lora_dropout == 0
-    if not old_from_first_pass:
-        model.eval()
-        with torch.no_grad():
-            for idx in filter(len, torch.arange(n)[needed].split(args.train_batch_size)):  # an empty split is one empty part
-                old_log_probs[idx] = log_probs(model, idx)[0]
-        model.train()
+    # pi_old, the policy that sampled: log pi_old(a_t | s_t), one no-grad pass in eval mode (no LoRA dropout) before any
+    # update. Fast forms (tiny_grpo/update.py): the rows that add nothing are left out (beta = 0 and A = 0), and with
+    # one update per pass pi_old is read off the first pass's own forward.
+    counted = rows_that_count(advantages, args.kl_weight)
+    old = OldLogProbs(model, log_probs, counted, args.train_batch_size, num_actions, args.updates_per_step,
+                      args.lora_dropout)
 
     stats = StepStatistics(kl=ref_log_probs is not None, updates=args.epochs_per_step * args.updates_per_step)
     for epoch in range(args.epochs_per_step):
         shuffled = torch.tensor(random.Random(f"{args.seed} {step} {epoch}").sample(range(n), n))  # PPO's mini-batches
         for rows in shuffled.tensor_split(args.updates_per_step):  # (complete_args: none is empty)
             optimizer.zero_grad(set_to_none=True)
-            for idx in filter(len, rows[needed[rows]].split(args.train_batch_size)):
+            for idx in micro_batches(rows, args.train_batch_size, counted):  # rows.split(size), less what adds 0
                 new_log_probs, entropy = log_probs(model, idx)
-                if epoch == 0 and old_from_first_pass:
-                    old_log_probs[idx] = new_log_probs.detach()
-                loss, loss_stats = grpo_loss(new_log_probs, old_log_probs[idx], advantages[idx], action_mask[idx],
-                                             args.clip_eps, None if ref_log_probs is None else ref_log_probs[idx],
-                                             args.kl_weight)
+                old_log_probs = old(idx, epoch, new_log_probs)  # log pi_old of these rows
+                ref = None if ref_log_probs is None else ref_log_probs[idx]
+                loss, loss_stats = grpo_loss(new_log_probs, old_log_probs, advantages[idx], action_mask[idx], args.clip_eps,
+                                             ref, args.kl_weight)
                 with uncast_lora_inputs(model):  # the same gradients, fewer copies (checkpointing's recomputation)
                     (loss * len(idx) / len(rows)).backward()  # the mean over the mini-batch's sequences, accumulated
-                stats.add(loss, loss_stats, len(idx) / len(rows), entropy, action_mask[idx])
+                stats.add(loss, loss_stats, len(idx) / len(rows), entropy, action_mask[idx], idx)
             grad_norm = clip_gradients(model, args.max_grad_norm, stats)  # zeros where no sequence ran; inf/nan stops
             stats.update(grad_norm, optimizer)
             optimizer.step()
@@ -514,13 +508,13 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
 
 @torch.no_grad()
 def evaluate(model, tokenizer, tasks, args, score):
-    """Greedy accuracy (the share of exactly right answers) and format rate on held-out tasks."""
+    """Greedy accuracy (the share of exactly right answers) and format rate on held-out tasks; and the rollout."""
     model.eval()
     with sampling_weights(model, args):  # 4-bit weights dequantized once, not at every token
         result = rollout(model, tokenizer, tasks, group_size=1, max_length=args.max_length, temperature=0,
                          generation_batch_size=args.generation_batch_size, score=score)
     return {"eval/accuracy": (result.terms["correctness"] == 1).float().mean().item(),
-            "eval/format_rate": result.terms["format"].mean().item()}
+            "eval/format_rate": result.terms["format"].mean().item()}, result
 
 # ---- The training loop ----
 
@@ -553,10 +547,10 @@ def run(args):
         save_checkpoint(run_dir / f"step_{step:06d}", model, optimizer, scheduler, training_state(args, step, position),
                         args.keep_checkpoints)
 
-    # the logger, Ctrl-C, memory peaks, the progress bar, a checkpoint every --checkpoint-interval steps and at the end
-    with Bookkeeping(args, run_dir, step, position, save, len(eval_tasks)) as book:
+    # the loggers, Ctrl-C, memory peaks, the progress bar, a checkpoint every --checkpoint-interval steps and at the end
+    with Bookkeeping(args, run_dir, step, position, save, eval_tasks, tokenizer, score.weights) as book:
         if args.eval_interval and book.step == 0:  # the eval curve's start; Ctrl-C here saves too
-            book.evaluated(evaluate(model, tokenizer, eval_tasks, args, score))
+            book.evaluated(*evaluate(model, tokenizer, eval_tasks, args, score))
         while book.step < args.max_steps:
             tasks, next_position = next_prompts(train_tasks, args.rollouts_per_step, book.position, args.seed)  # shuffled
 
@@ -574,8 +568,8 @@ def run(args):
             with book.update(next_position):  # weights, optimizer and step change together; then book.step += 1
                 stats = train_step(model, batch, args, optimizer, scheduler, reference, book.step)
             if args.eval_interval and (book.step % args.eval_interval == 0 or book.step == args.max_steps):
-                book.evaluated(evaluate(model, tokenizer, eval_tasks, args, score))
-            book.report(result, rewards, stats, tasks)  # TensorBoard, the progress bar, a checkpoint at the interval
+                book.evaluated(*evaluate(model, tokenizer, eval_tasks, args, score))
+            book.report(result, rewards, stats, tasks, advantages)  # TensorBoard, the rollout log, a checkpoint
 
 if __name__ == "__main__":
     main()

@@ -52,15 +52,16 @@ import torch
 from tiny_grpo.answers import answer_parses, check_finite, parse_number, task_correctness
 from tiny_grpo.bookkeeping import Bookkeeping
 from tiny_grpo.checkpoints import claim_run, resume, save_checkpoint, training_state
-from tiny_grpo.data import OTHER_TASKS, Task, check_context, load_tasks, next_prompts
+from tiny_grpo.data import OTHER_TASKS, Task, check_context, load_tasks, located, next_prompts
 from tiny_grpo.decode import draw, ends_with_stop_string, nucleus, pad_right, sample_fast, stop_token_ids
 from tiny_grpo.errors import InputError
 from tiny_grpo.logprobs import fast_log_probs
 from tiny_grpo.models import (attention_implementation, chat_prompt, keep_quantized_layout, load_tokenizer,
     resolve_dtype, resolve_model_path, sampling_weights, uncast_lora_inputs)
 from tiny_grpo.options import HelpFormatter, add_setup_options, has_splits, integer, real, resolve_device
-from tiny_grpo.report import advance_bar, clip_gradients, sample_text, step_metrics
+from tiny_grpo.report import clip_gradients
 from tiny_grpo.rewards import OutsideTerms
+from tiny_grpo.update import OldLogProbs, micro_batches, rows_that_count
 
 # ---- Configuration ----
 
@@ -220,10 +221,10 @@ def complete_args(args, parser):
             setattr(args, name, gpu if args.device.startswith("cuda") else cpu)
     if args.generation_batch_size is None:  # the whole step at once
         args.generation_batch_size = args.rollouts_per_step * args.group_size
-    if args.data_path is None:  # the task's own data
-        args.data_path, args.data_config = TASKS[args.task].train, args.data_config or TASKS[args.task].config
+    if args.data_path is None:  # the task's own data, found from any working directory
+        args.data_path, args.data_config = located(TASKS[args.task].train), args.data_config or TASKS[args.task].config
     if args.eval_data_path is None:  # a hub id or folder has its own held-out split; a file is evaluated on the task's
-        args.eval_data_path = args.data_path if has_splits(args.data_path) else TASKS[args.task].eval
+        args.eval_data_path = args.data_path if has_splits(args.data_path) else located(TASKS[args.task].eval)
     args.clip_eps_low = args.clip_eps if args.clip_eps_low is None else args.clip_eps_low
     args.clip_eps_high = args.clip_eps if args.clip_eps_high is None else args.clip_eps_high
     args.overlong_buffer = args.max_length // 5 if args.overlong_buffer is None else args.overlong_buffer
@@ -327,11 +328,11 @@ def load_inputs(args):
     score = Scorer(args.task, args.reasoning_format, args.partial_credit, args.reward_weights, args.reward_fn,
                    args.reward_url, args.reward_timeout, custom_timeout=args.reward_fn_timeout)
     train_tasks = load_tasks(args.data_path, args.prompt_key, args.answer_key, args.filter, args.max_prompts,
-                             args.data_config, args.data_split, args.task)
+                             args.data_config, args.data_split, args.task, json_metadata=bool(args.reward_url))
     eval_tasks = []
     if args.eval_interval:
         eval_tasks = load_tasks(args.eval_data_path, args.prompt_key, args.answer_key, args.filter, args.eval_prompts,
-                                args.data_config, args.eval_split, args.task)
+                                args.data_config, args.eval_split, args.task, json_metadata=bool(args.reward_url))
     return score, train_tasks, eval_tasks
 
 # The reward is a weighted sum of terms, each in [0, 1] and each logged on its own (their code follows):
@@ -715,36 +716,29 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
             for idx in torch.arange(n).split(args.train_batch_size):
                 ref_log_probs[idx] = log_probs(ref_model, idx)[0]
 
-    # With beta = 0 a sequence whose advantage is 0 (a group of equal rewards) adds exactly 0 to the loss and to its
-    # gradient: no pass below runs it, and each mean still divides by all the sequences (README: zero advantages).
-    # A mean over tokens divides by all their tokens; REINFORCE++'s advantages are whitened over the batch: none is 0.
-    needed = (advantages != 0).cpu() if args.kl_weight == 0 and not reinforce else torch.ones(n, dtype=torch.bool)
+    # The rows a pass must run (tiny_grpo/update.py): with beta = 0 not those whose advantage is 0, which add exactly 0
+    # to the loss and its gradient (a mean over tokens still divides by all their tokens); REINFORCE++'s advantages are
+    # whitened over the batch: none is 0.
+    counted = torch.ones(n, dtype=torch.bool) if reinforce else rows_that_count(advantages, args.kl_weight)
     # --log-kl with beta 0 measures the KL without training those rows: each is measured once here, at pi_old, and
     # enters the logged mean below as if it had run (with one update a step, where its pass would measure it)
     skipped_kl = torch.zeros(n)
-    if ref_log_probs is not None and not needed.all():
+    if ref_log_probs is not None and not counted.all():
         model.eval()
         with torch.no_grad():
-            for idx in torch.arange(n)[~needed].split(args.train_batch_size):
+            for idx in torch.arange(n)[~counted].split(args.train_batch_size):
                 mask = action_mask[idx]
                 kl = approx_kl(log_probs(model, idx)[0], ref_log_probs[idx], mask)
                 skipped_kl[idx] = masked_mean(kl, mask, dim=1).float().cpu()
         model.train()
 
-    # pi_old, the policy that sampled. With one update and no dropout it is pi_theta before the update, recorded
-    # from the first forward pass below at no cost. Otherwise a later mini-batch would see weights already
-    # updated, and LoRA dropout a mask the sampler never used: then one no-grad pass in eval mode first.
-    # REINFORCE++ too: its per-token rewards need pi_old at every token before the first update.
-    old_log_probs = torch.zeros(n, num_actions, device=ids.device)
-    old_from_first_pass = args.updates_per_step == 1 and args.lora_dropout == 0 and not reinforce
-    if not old_from_first_pass:
-        model.eval()
-        with torch.no_grad():
-            for idx in filter(len, torch.arange(n)[needed].split(args.train_batch_size)):  # an empty split is one empty part
-                old_log_probs[idx] = log_probs(model, idx)[0]
-        model.train()
+    # pi_old, the policy that sampled: log pi_old(a_t | s_t), one no-grad pass in eval mode (no LoRA dropout) before any
+    # update; with one update per pass it is read off the first pass's own forward (tiny_grpo/update.py), but for
+    # REINFORCE++, whose per-token rewards need pi_old at every token before the first update.
+    old = OldLogProbs(model, log_probs, counted, args.train_batch_size, num_actions, args.updates_per_step,
+                      args.lora_dropout, first_pass=not reinforce)
     if reinforce:  # the batch's advantages [B], the outcome rewards (minus the group mean), made per-token advantages
-        advantages = reinforce_pp_advantages(advantages, old_log_probs, ref_log_probs, action_mask, args.kl_weight,
+        advantages = reinforce_pp_advantages(advantages, old.values, ref_log_probs, action_mask, args.kl_weight,
                                              args.reward_clip)
     kl_weight = 0.0 if reinforce else args.kl_weight  # REINFORCE++: the KL is in the reward
     token_level = args.algorithm in TOKEN_LEVEL
@@ -755,20 +749,20 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
         for rows in shuffled.tensor_split(args.updates_per_step):  # (complete_args: none is empty)
             size, tokens = len(rows), action_mask[rows].sum().item()  # sequences in this mini-batch, and action tokens
             optimizer.zero_grad(set_to_none=True)
-            for idx in filter(len, rows[needed[rows]].split(args.train_batch_size)):
+            for idx in micro_batches(rows, args.train_batch_size, counted):  # rows.split(size), less what adds 0
                 new_log_probs, entropy = log_probs(model, idx)
-                if epoch == 0 and old_from_first_pass:
-                    old_log_probs[idx] = new_log_probs.detach()
-                loss, loss_stats = grpo_loss(new_log_probs, old_log_probs[idx], advantages[idx], action_mask[idx],
-                                             args.clip_eps_low, None if ref_log_probs is None else ref_log_probs[idx],
-                                             kl_weight, args.algorithm, args.clip_eps_high, args.max_length)
+                old_log_probs = old(idx, epoch, new_log_probs)  # log pi_old of these rows
+                ref = None if ref_log_probs is None else ref_log_probs[idx]
+                loss, loss_stats = grpo_loss(new_log_probs, old_log_probs, advantages[idx], action_mask[idx],
+                                             args.clip_eps_low, ref, kl_weight, args.algorithm, args.clip_eps_high,
+                                             args.max_length)
                 # The micro-batch's share of its mini-batch, in sequences (a mean over sequences) or in action tokens
                 # (a mean over tokens: DAPO, CISPO, REINFORCE++): the weighted sum is the mean over the mini-batch.
                 part = action_mask[idx].sum().item() / tokens if token_level else len(idx) / size
                 with uncast_lora_inputs(model):  # the same gradients, fewer copies (checkpointing's recomputation)
                     (loss * part).backward()  # the mean over the mini-batch, accumulated
                 stats.add(loss, loss_stats, part, entropy, action_mask[idx])
-            skipped = rows[~needed[rows]]
+            skipped = rows[~counted[rows]]
             if ref_log_probs is not None and len(skipped):  # --log-kl, beta 0: the rows measured at pi_old above
                 part = action_mask[skipped].sum(dim=1).cpu() / tokens if token_level else 1 / size  # each row's share
                 stats.totals["kl"] += (skipped_kl[skipped] * part).sum().item() / stats.updates
@@ -780,13 +774,13 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
 
 @torch.no_grad()
 def evaluate(model, tokenizer, tasks, args, score):
-    """Greedy accuracy (the share of exactly right answers) and format rate on held-out tasks."""
+    """Greedy accuracy (the share of exactly right answers) and format rate on held-out tasks; and the rollout."""
     model.eval()
     with sampling_weights(model, args):  # 4-bit weights dequantized once, not at every token
         result = rollout(model, tokenizer, tasks, group_size=1, max_length=args.max_length, temperature=0,
                          generation_batch_size=args.generation_batch_size, score=score)
     return {"eval/accuracy": (result.terms["correctness"] == 1).float().mean().item(),
-            "eval/format_rate": result.terms["format"].mean().item()}
+            "eval/format_rate": result.terms["format"].mean().item()}, result
 
 # ---- The training loop ----
 
@@ -819,10 +813,10 @@ def run(args):
         save_checkpoint(run_dir / f"step_{step:06d}", model, optimizer, scheduler, training_state(args, step, position),
                         args.keep_checkpoints)
 
-    # the logger, Ctrl-C, memory peaks, the progress bar, a checkpoint every --checkpoint-interval steps and at the end
-    with Bookkeeping(args, run_dir, step, position, save, len(eval_tasks), report) as book:  # its own report
+    # the loggers, Ctrl-C, memory peaks, the progress bar, a checkpoint every --checkpoint-interval steps and at the end
+    with Bookkeeping(args, run_dir, step, position, save, eval_tasks, tokenizer, score.weights) as book:
         if args.eval_interval and book.step == 0:  # the eval curve's start; Ctrl-C here saves too
-            book.evaluated(evaluate(model, tokenizer, eval_tasks, args, score))
+            book.evaluated(*evaluate(model, tokenizer, eval_tasks, args, score))
         while book.step < args.max_steps:
             tasks, next_position = next_prompts(train_tasks, args.rollouts_per_step, book.position, args.seed)  # shuffled
 
@@ -843,17 +837,20 @@ def run(args):
                                         f"{extra_rounds} extra rounds (--max-extra-rounds): nothing to train on, no update")
 
             # Update the policy on that batch (dynamic sampling may leave no group to learn from: the step still counts).
-            stats = {}
+            stats, advantages = {}, None
             with book.update(next_position):  # weights, optimizer and step change together; then book.step += 1
                 if trained is not None:
                     advantages = group_advantages(trained.rewards.view(-1, args.group_size), algorithm=args.algorithm)
+                    advantages = advantages.flatten().to(args.device)
                     model.train()
-                    batch = (trained.sequence_ids, trained.attention_mask, trained.action_mask,
-                             advantages.flatten().to(args.device))
+                    batch = (trained.sequence_ids, trained.attention_mask, trained.action_mask, advantages)
                     stats = train_step(model, batch, args, optimizer, scheduler, reference, book.step)
             if args.eval_interval and (book.step % args.eval_interval == 0 or book.step == args.max_steps):
-                book.evaluated(evaluate(model, tokenizer, eval_tasks, args, score))
-            book.report(result, rewards, stats, tasks, (trained, dropped, extra_rounds, missing))  # dynamic sampling's too
+                book.evaluated(*evaluate(model, tokenizer, eval_tasks, args, score))
+            groups = {"rollout/groups_dropped": dropped, "rollout/extra_rounds": extra_rounds, "rollout/groups_missing": missing,
+                      "rollout/groups_trained": 0 if trained is None else len(trained.rewards) // args.group_size}
+            # the rollout log's per-token values are the batch trained's: the rollout's only where it is that batch
+            book.report(result, rewards, stats, tasks, advantages if trained is result else None, groups)
 
 
 # ---- This experiment's own plumbing: what it changes of tiny_grpo/'s, what calls that, its own tools ----
@@ -924,20 +921,6 @@ def concat_rollouts(parts, pad_id):
         terms={name: torch.cat([part.terms[name] for part in parts]) for name in parts[0].terms},
         completions=[c for part in parts for c in part.completions],
     )
-
-def report(logger, progress, args, step, result, rewards, stats, seconds, memory, evals, tasks, sampled):
-    """Log a step (TensorBoard, W&B): step_metrics and the held-out evaluation if one ran; every
-    --log-completions-interval steps a few completions; then the progress bar, its postfix the step's mean reward,
-    KL and the held-out accuracy so far."""
-    trained, dropped, extra_rounds, missing = sampled  # dynamic sampling's: the batch trained (or None), its counts
-    groups = {"rollout/groups_dropped": dropped, "rollout/extra_rounds": extra_rounds,
-              "rollout/groups_trained": 0 if trained is None else len(trained.rewards) // args.group_size,
-              "rollout/groups_missing": missing}  # missing: dynamic sampling hit --max-extra-rounds this many groups short
-    metrics = {**step_metrics(result, rewards, stats, *seconds, memory), **groups, **evals.get(step, {})}
-    if args.log_completions_interval and step % args.log_completions_interval == 0:
-        logger.text("rollout/completions", sample_text(result, tasks, args.group_size), step)
-    logger.scalars(metrics, step)
-    advance_bar(progress, metrics, stats, evals)
 
 if __name__ == "__main__":
     main()

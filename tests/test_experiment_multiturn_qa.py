@@ -179,16 +179,16 @@ def test_eval_accuracy_counts_exact_answers_only(qa, monkeypatch):
     monkeypatch.setattr(qa, "rollout", lambda *a, **k: played)
     args = SimpleNamespace(max_length=8, generation_batch_size=4, max_turns=3, quantization="none", sampling_weights="auto")
     model = torch.nn.Linear(1, 1)
-    assert qa.evaluate(model, None, [], args, None, None)["eval/accuracy"] == 0.25
+    assert qa.evaluate(model, None, [], args, None, None)[0]["eval/accuracy"] == 0.25
     # data/qa's rows say their kind ("hops"): the accuracy of each kind is reported beside the whole
     tasks = [{"metadata": {"hops": 1}}, {"metadata": {"hops": 2}}, {"metadata": {"hops": 1}}, {"metadata": {"hops": 2}}]
-    metrics = qa.evaluate(model, None, tasks, args, None, None)
+    metrics = qa.evaluate(model, None, tasks, args, None, None)[0]
     assert (metrics["eval/accuracy_hops_1"], metrics["eval/accuracy_hops_2"]) == (0.5, 0.0)  # rows 0, 2 and 1, 3
     played.terms["correctness"] = torch.tensor([1.0, 1.0, 0.0, 0.5])
-    metrics = qa.evaluate(model, None, tasks, args, None, None)
+    metrics = qa.evaluate(model, None, tasks, args, None, None)[0]
     assert (metrics["eval/accuracy"], metrics["eval/accuracy_hops_1"], metrics["eval/accuracy_hops_2"]) == (0.5, 0.5, 0.5)
     played.terms["correctness"] = torch.tensor([1.0, 0.0, 1.0, 0.0])
-    assert qa.evaluate(model, None, tasks, args, None, None)["eval/accuracy_hops_1"] == 1.0
+    assert qa.evaluate(model, None, tasks, args, None, None)[0]["eval/accuracy_hops_1"] == 1.0
 
 
 # ---------------------------------------------------------------- the dense search tool as the rollout uses it

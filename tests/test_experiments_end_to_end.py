@@ -248,3 +248,15 @@ def test_cuda_memory_is_mapped_in_pages_unless_the_user_says_otherwise():
     assert run() == ["expandable_segments:True", "None"]
     assert run(PYTORCH_CUDA_ALLOC_CONF="max_split_size_mb:128") == ["None", "max_split_size_mb:128"]
     assert run(PYTORCH_ALLOC_CONF="garbage_collection_threshold:0.8") == ["garbage_collection_threshold:0.8", "None"]
+
+
+@pytest.mark.parametrize("name, extra", [("experiment_base", ()), ("experiment_multiturn_qa", ("--retriever", "bm25"))])
+def test_the_default_data_is_found_from_any_working_directory(name, extra, tiny_model_dir, tmp_path):
+    """`python experiment_x/train.py` from a folder outside the repository: the task's data files, the held-out ones
+    and the QA corpus are the repository's (they were looked up under the working directory: 'data/sequence.jsonl:
+    no such file'), and what the run writes goes under the working directory."""
+    result = run_script(ROOT / name / "train.py", "--model-name", tiny_model_dir, "--device", "cpu", "--dtype", "float32",
+                        "--group-size", "2", "--rollouts-per-step", "2", "--max-length", "8", "--max-steps", "1",
+                        "--eval-prompts", "2", "--run-name", "elsewhere", *extra, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (tmp_path / "output" / "elsewhere" / "step_000001").is_dir() and (tmp_path / "runs" / "elsewhere").is_dir()

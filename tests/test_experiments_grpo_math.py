@@ -11,6 +11,7 @@ from conftest import SINGLE_PROCESS, assert_seeded_shuffles, four_sequences, loa
 import tiny_grpo.decode
 import tiny_grpo.logprobs
 import tiny_grpo.models
+import tiny_grpo.update
 
 
 def test_group_advantages_by_hand(experiment):
@@ -942,6 +943,43 @@ def test_zero_advantages_are_left_out_and_the_update_is_the_same(module_name, op
         assert all(state["step"] == args.updates_per_step for state in optimizer.state.values())
         assert ("entropy" in stats) == (sum(ran) > 0) and stats["loss"] == pytest.approx(stats["loss"])
     assert all(torch.allclose(a, b, atol=1e-7, rtol=0) for a, b in zip(*weights))  # float32 rounding apart
+
+
+# The copies whose pi_old is tiny_grpo.update.OldLogProbs in one process (experiment_drgrpo with --algorithm grpo)
+OLD_LOG_PROBS = SINGLE_PROCESS + ["experiment_accelerate"]
+
+
+@pytest.mark.parametrize("module_name", OLD_LOG_PROBS)
+def test_pi_old_from_the_first_pass_is_its_own_pass(module_name, tiny_model_dir, monkeypatch):
+    """OldLogProbs' fast form reads pi_old off the first pass's forward (one update per pass, no dropout); its plain
+    form (FAST = False) takes one no-grad pass first. The same step, both ways: the same weights after it, and the
+    plain form runs each row once more."""
+    module = load_experiment(module_name)
+    ran, real = [], module.sequence_log_probs
+
+    def spy(model, input_ids, *rest, **kwargs):
+        ran.append(len(input_ids))
+        return real(model, input_ids, *rest, **kwargs)
+
+    monkeypatch.setattr(module, "sequence_log_probs", spy)
+    weights, counts = [], []
+    for fast in (True, False):
+        monkeypatch.setattr(tiny_grpo.update.OldLogProbs, "FAST", fast)
+        args, model, batch, optimizer, scheduler = step_setup(module, tiny_model_dir, "--kl-weight", "0",
+                                                              "--epochs-per-step", "2")
+        ran.clear()
+        if "accelerate" in module_name:
+            from accelerate import Accelerator
+
+            accelerator = Accelerator(cpu=True)
+            model, optimizer = accelerator.prepare(model, optimizer)
+            module.train_step(model, batch, args, optimizer, scheduler, accelerator)
+        else:
+            module.train_step(model, batch, args, optimizer, scheduler)
+        weights.append([p.detach().clone() for p in model.parameters() if p.requires_grad])
+        counts.append(sum(ran))
+    assert counts[1] == counts[0] + 4  # pi_old's own pass over the 4 rows (every advantage of four_sequences is not 0)
+    assert all(torch.allclose(a, b, atol=1e-6, rtol=0) for a, b in zip(*weights))
 
 
 def test_bfloat16_train_step_leaves_lora_inputs_uncast_in_the_recomputation_too(single, monkeypatch):

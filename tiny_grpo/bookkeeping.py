@@ -1,32 +1,49 @@
-"""A run's bookkeeping around its loop, in one object: the logger, Ctrl-C and SIGTERM deferred while an update is
-made, each phase's memory peak and seconds, the progress bar, the held-out evaluations, a checkpoint every
---checkpoint-interval steps and at the end, the steps done saved when the run stops early, and the closing line."""
+"""A run's bookkeeping around its loop, in one object: the logger and the rollout log, Ctrl-C and SIGTERM deferred
+while an update is made, each phase's memory peak and seconds, the progress bar, the held-out evaluations, a
+checkpoint every --checkpoint-interval steps and at the end (with the run's page), the steps done saved when the run
+stops early, and the closing line."""
 
-import contextlib, time  # noqa: E401
+import contextlib, sys, time  # noqa: E401
 
 from tiny_grpo.errors import DivergedError, RewardError
-from tiny_grpo.report import Logger, PhasePeaks, held_out, report
-from tiny_grpo.stopping import Interrupts, stopped
+from tiny_grpo.report import Logger, PhasePeaks, diagnostics, held_out, report
+from tiny_grpo.rollout_log import RolloutLog
+from tiny_grpo.stopping import Interrupts, say, stopped
 
 STOPS = (KeyboardInterrupt, RewardError, DivergedError)  # what ends a run early, the steps done saved
 
 
-class Bookkeeping:
-    """with Bookkeeping(args, run_dir, step, position, save, problems) as book: the loop, which reads book.step and
-    book.position and calls book.phase, book.update, book.evaluated and book.report. save(step, position) writes the
-    checkpoint of the steps done (the train.py's: what a checkpoint holds is the experiment's); problems: how many
-    held-out tasks an evaluation takes, for the closing line. report: the function that logs a step (the package's,
-    or the train.py's own), given book.report's extra arguments after its own."""
+class Silent:
+    """The logger and the rollout log of a process that does not log (several processes: the main one logs)."""
 
-    def __init__(self, args, run_dir, step, position, save, problems, report=report):
+    interval = 0  # no rollout log, so no page
+
+    def __getattr__(self, name):  # scalars, text, step, evaluation, close: nothing
+        return lambda *args, **kwargs: None
+
+
+class Bookkeeping:
+    """with Bookkeeping(args, run_dir, step, position, save, eval_tasks, tokenizer, weights) as book: the loop, which
+    reads book.step and book.position and calls book.phase, book.update, book.evaluated and book.report. save(step,
+    position) writes the checkpoint of the steps done (the train.py's: what a checkpoint holds is the experiment's);
+    eval_tasks: the held-out tasks an evaluation takes; tokenizer and weights ({term: w}): for the rollout log.
+    Several processes: main_process=False on all but one, which alone logs, draws the bar and tells (every process
+    still saves: the train.py's save may be collective); interrupts: an object that offers Interrupts' deferred()
+    and stopping (a run whose processes stop together brings its own)."""
+
+    def __init__(self, args, run_dir, step, position, save, eval_tasks, tokenizer=None, weights=None,
+                 main_process=True, interrupts=None):
         from tqdm import tqdm
 
         self.args, self.run_dir, self.step, self.position = args, run_dir, step, position
-        self.save, self.problems, self.log_step = save, problems, report
-        self.logger, self.interrupts, self.memory = Logger(args, step), Interrupts(), PhasePeaks(args.device)
+        self.save_steps, self.eval_tasks, self.weights = save, eval_tasks, dict(weights or {})
+        self.main, self.interrupts, self.memory = main_process, interrupts or Interrupts(), PhasePeaks(args.device)
+        self.logger = Logger(args, step) if main_process else Silent()
+        self.rollouts = RolloutLog(args, step, self.weights, tokenizer) if main_process else Silent()  # rollouts.jsonl
         self.evals = {}  # step: the held-out evaluation's metrics, for the progress bar and the closing line
-        self.progress = tqdm(total=args.max_steps, initial=step, desc=args.run_name, dynamic_ncols=True)
-        self.started = self.sampled = None  # the step's clock: its first phase's start, its first sampling's end
+        self.progress = tqdm(total=args.max_steps, initial=step, desc=args.run_name, dynamic_ncols=True,
+                             disable=not main_process)
+        self.started = self.sampled = self.last_length = None  # the step's clock; the last step's completion length
 
     def __enter__(self):
         return self
@@ -47,22 +64,44 @@ class Bookkeeping:
             yield
             self.step, self.position = self.step + 1, next_position
 
-    def evaluated(self, metrics):
-        """A held-out evaluation after book.step steps; the one before any step is logged at once (the curve's
-        start), the others with their step's report."""
+    def evaluated(self, metrics, result=None):
+        """A held-out evaluation after book.step steps, and its rollout (for the rollout log); the one before any
+        step is logged at once (the curve's start), the others with their step's report."""
         self.evals[self.step] = metrics
+        self.rollouts.evaluation(self.step, metrics, self.eval_tasks, result)
         if self.step == 0:
             self.logger.scalars(metrics, 0)
 
-    def report(self, result, rewards, stats, tasks, *extra):
-        """Log the step (TensorBoard, W&B, the progress bar), then save it every --checkpoint-interval steps."""
+    def report(self, result, rewards, stats, tasks, advantages=None, extra=None, everyone=None):
+        """Log the step (TensorBoard, W&B, the rollout log, the progress bar), then save it every
+        --checkpoint-interval steps. extra: the experiment's own metrics of the step. everyone: (rollout, tasks) of
+        the whole step where each process sampled a share of it: the metrics and completions logged are of those,
+        the rollout log stays this process's (its per-token values are of its own rows)."""
         now = time.perf_counter()
         seconds = (self.sampled or now) - (self.started or now), now - (self.started or now)  # sampling, the whole step
-        self.log_step(self.logger, self.progress, self.args, self.step, result, rewards, stats, seconds, self.memory,
-                      self.evals, tasks, *extra)
+        logged, logged_tasks = everyone or (result, tasks)
+        logged_rewards = logged.rewards.view(-1, self.args.group_size) if everyone else rewards
+        extra = {**diagnostics(logged, logged_rewards, self.args, self.weights, self.last_length), **(extra or {})}
+        metrics = report(self.logger, self.progress, self.args, self.step, logged, logged_rewards, stats, seconds,
+                         self.memory, self.evals, logged_tasks, extra)
+        self.rollouts.step(self.step, tasks, result, advantages, stats, metrics)
         self.started = self.sampled = None
+        self.last_length = logged.action_mask.sum(1).float().mean().item()
         if self.args.checkpoint_interval and self.step % self.args.checkpoint_interval == 0:
             self.save(self.step, self.position)
+
+    def save(self, step, position):
+        """The checkpoint of the steps done, then the run's page drawn from the rollout log (python -m
+        tiny_grpo.view): a page that cannot be written is said, and the run goes on."""
+        self.save_steps(step, position)
+        if self.rollouts.interval and self.rollouts.path.exists():
+            try:
+                from tiny_grpo.view import write_page
+
+                write_page(self.rollouts.path.parent)
+            except Exception as e:  # the page is a view of the log; the checkpoint is written
+                say(f"the run's page could not be written ({type(e).__name__}: {e}); the rollout log is in "
+                    f"{self.rollouts.path}")
 
     def __exit__(self, kind, stop, trace):
         """At the end the last checkpoint and the closing line; a Ctrl-C, a failed reward or a diverged loss saves the
@@ -72,12 +111,14 @@ class Bookkeeping:
                 self.save(self.step, self.position)
             except STOPS as e:  # Ctrl-C during the last save
                 stop = e
-        if isinstance(stop, STOPS):
+        self.rollouts.close()
+        if isinstance(stop, STOPS):  # every process saves; the main one tells
             stopped(stop, self.step, self.run_dir, lambda: self.save(self.step, self.position), self.logger,
-                    self.progress, self.interrupts)  # exits with 130, or raises stop again
+                    self.progress, self.interrupts, say if self.main else lambda text: None)  # exits 130, or raises
         if stop is None:
             self.progress.close()
             self.logger.close()
-            print(f"done: {self.step} steps; checkpoint in {self.run_dir / f'step_{self.step:06d}'}"
-                  f"{held_out(self.evals, self.problems)}")
+            if self.main:
+                say(f"done: {self.step} steps; checkpoint in {self.run_dir / f'step_{self.step:06d}'}"
+                    f"{held_out(self.evals, len(self.eval_tasks))}", sys.stdout)  # what the output's encoding lacks, escaped
         return False

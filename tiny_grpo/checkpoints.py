@@ -8,9 +8,10 @@ import torch
 
 from tiny_grpo.data import FOLDER_FORMATS, hub_id
 from tiny_grpo.errors import InputError
-from tiny_grpo.models import PACKAGED_GEMMA
+from tiny_grpo.models import PACKAGED_GEMMA, model_fingerprint, safetensors_problem
 from tiny_grpo.options import recorded_options
 from tiny_grpo.report import check_wandb
+from tiny_grpo.stopping import say
 
 HELD_LOCKS = {}  # run folder -> a descriptor of it; flock holds it while this process lives, however it ends
 
@@ -33,8 +34,12 @@ def claim_run(args, problem=None):
                                  f"as data (a checkpoint's .json too): give {inside} a folder outside it")
     checkpoint_dir = find_checkpoint(args.resume, args, problem) if args.resume else None
     args.data_fingerprint = data_fingerprint(args.data_path)  # the data as read: what every checkpoint records
+    # a step an earlier --resume set aside (RUN/superseded-TIME/step_N) belongs to RUN, as its training state says
+    aside = checkpoint_dir is not None and checkpoint_dir.parent.name.startswith("superseded-") and \
+        load_state_file(checkpoint_dir).get("run_name") == checkpoint_dir.parent.parent.name
+    owner = checkpoint_dir and (checkpoint_dir.parent.parent if aside else checkpoint_dir.parent)  # the run's folder
     if checkpoint_dir:
-        args.run_name = args.run_name or checkpoint_dir.parent.name  # keep logging into the same run
+        args.run_name = args.run_name or owner.name  # keep logging into the same run
     args.run_name = args.run_name or f"{args.experiment}-{time.strftime('%Y%m%d-%H%M%S')}"
     check_wandb(args)  # what W&B would refuse after the model loads
     run_dir = Path(args.checkpoint_path) / args.run_name
@@ -53,24 +58,39 @@ def claim_run(args, problem=None):
     for odd in sorted(f for f in run_dir.glob("step_*") if re.fullmatch(r"step_\d+", f.name) and not real_folder(f)):
         print(f"{odd}: not a folder of its own (a file or a symbolic link), so no checkpoint of this run: it is neither "
               "resumed nor removed by --keep-checkpoints", file=sys.stderr)
-    resuming_here = checkpoint_dir is not None and checkpoint_dir.parent.resolve() == run_dir.resolve()
+    resuming_here = checkpoint_dir is not None and owner.resolve() == run_dir.resolve()
     if steps and not resuming_here:
         raise InputError(f"{run_dir} already holds the checkpoints of a run ({steps[-1].name}): --resume {run_dir} "
                          "continues it; another --run-name starts a new one")
     claim_log_folder(log_dir, run_dir, resuming_here)
-    newer = [s for s in steps if resuming_here and step_number(s) > step_number(checkpoint_dir)]
+    newer = []
+    if resuming_here:  # the steps after the checkpoint; from a step set aside (superseded-TIME/), all since it was
+        first = min(map(step_number, checkpoints_in(checkpoint_dir.parent))) if aside else step_number(checkpoint_dir) + 1
+        newer = [s for s in steps if step_number(s) >= first]
     if newer:
-        aside = run_dir / f"superseded-{time.strftime('%Y%m%d-%H%M%S')}"
-        aside.mkdir()
-        for folder in newer:
-            os.replace(folder, aside / folder.name)
-        print(f"resuming from {checkpoint_dir.name}: moved the newer {', '.join(s.name for s in newer)} to {aside}",
+        folder = new_aside_folder(run_dir)
+        for step in newer:
+            os.replace(step, folder / step.name)
+        print(f"resuming from {checkpoint_dir.name}: moved the newer {', '.join(s.name for s in newer)} to {folder}",
               file=sys.stderr)
+    if getattr(args, "model_fingerprint", None) is None:  # (find_checkpoint took it to compare)
+        args.model_fingerprint = model_fingerprint(args.model_name)  # what every checkpoint records
     if args.model_name == PACKAGED_GEMMA:
         reason = "no CUDA device" if not torch.cuda.is_available() else f"--device {args.device}"
         print(f"{reason}: training the packaged Gemma-3-270M on CPU with CPU-sized defaults ({args.rollouts_per_step} "
               f"prompts x {args.group_size} completions x {args.max_length} tokens, {args.max_steps} steps)")
     return checkpoint_dir, run_dir
+
+def new_aside_folder(parent):
+    """A new folder superseded-TIME in parent (superseded-TIME-2, -3, ... after one made in the same second)."""
+    stamp, count = time.strftime("%Y%m%d-%H%M%S"), 1
+    while True:
+        folder = parent / (f"superseded-{stamp}" + (f"-{count}" if count > 1 else ""))
+        try:
+            folder.mkdir()
+            return folder
+        except FileExistsError:
+            count += 1
 
 def step_number(folder):
     return int(folder.name.removeprefix("step_"))
@@ -107,8 +127,7 @@ def claim_log_folder(log_dir, run_dir, resuming_here):
         raise InputError(f"{log_dir} holds the TensorBoard events of another run ({recorded or 'not recorded'}): "
                          "choose another --run-name or --log-dir")
     if events and not resuming_here:  # this run's own, from a start that saved no checkpoint
-        aside = log_dir / f"superseded-{time.strftime('%Y%m%d-%H%M%S')}"
-        aside.mkdir()
+        aside = new_aside_folder(log_dir)
         for file in events:
             os.replace(file, aside / file.name)
         print(f"{log_dir}: an earlier start of this run saved no checkpoint; its events are moved to {aside}", file=sys.stderr)
@@ -116,7 +135,7 @@ def claim_log_folder(log_dir, run_dir, resuming_here):
 
 def training_state(args, step, position):
     return {"step": step, "data_position": list(position), "run_name": args.run_name, "experiment": args.experiment,
-            "args": recorded_options(args), "data": args.data_fingerprint}
+            "args": recorded_options(args), "data": args.data_fingerprint, "model": getattr(args, "model_fingerprint", {})}
 
 def data_fingerprint(path):
     """The training data whose position a checkpoint holds: its resolved path, and the size and SHA-256 of its
@@ -147,8 +166,9 @@ def options_differ(state, args):
     saved = state.get("args", {})
 
     def same(name, there, here):
-        if name == "data_path":  # checkpoints before 2026-11-27 hold the path as given
-            return state.get("data", {}).get("path", resolved(there)) == resolved(here)
+        if name == "data_path":  # by SHA-256 (find_checkpoint), wherever the repository is now; checkpoints before
+            data = state.get("data", {})  # 2026-11-27 hold the path as given
+            return "sha256" in data or data.get("path", resolved(there)) == resolved(here)
         if name == "filter":
             return filter_sets(there) == filter_sets(here)
         return there == here
@@ -220,16 +240,33 @@ def find_checkpoint(path, args, problem=None):
     experiment = state.get("experiment", args.experiment)  # checkpoints before 2026-11-23 did not record it
     if experiment != args.experiment:
         raise InputError(f"--resume {folder}: a checkpoint of {experiment}; resume it with {experiment}/train.py")
-    differs = options_differ(state, args)
-    saved = state.get("data", {})
-    data = data_fingerprint(args.data_path) if "sha256" in saved else {}
-    if not differs and data.get("sha256") != state.get("data", {}).get("sha256"):
-        differs = [f"--data-path {args.data_path}: its files changed since the checkpoint was written ({data['bytes']:,} "
-                   f"bytes now, {state['data']['bytes']:,} then; another SHA-256)"]
+    differs = options_differ(state, args) + data_differs(state.get("data", {}), args.data_path)
     if differs:
         raise InputError(f"--resume {folder}: its weights were trained with other options, on data whose position it "
                          f"holds: {'; '.join(differs)}. Resume with the checkpoint's values, or start a new run")
+    recorded = state.get("model") or {}  # none before 2026-11-28
+    args.model_fingerprint = model_fingerprint(args.model_name) if recorded else None
+    now = args.model_fingerprint or recorded  # {}: a hub id not in the local hub cache, nothing to compare
+    changed = sorted(f for f in recorded.keys() | now.keys() if recorded.get(f) != now.get(f))
+    if changed:
+        raise InputError(f"--resume {folder}: --model-name {args.model_name} is not the model it was trained from: its "
+                         f"{', '.join(changed)} changed since the checkpoint was written (other weights or another "
+                         "tokenizer under that name); resume with that model, or start a new run")
     return folder
+
+def data_differs(saved, path):
+    """What differs between the data a checkpoint recorded (data_fingerprint) and --data-path's now, as a list of one
+    text, or []: the files' SHA-256 decides, so that a moved or copied repository resumes its runs."""
+    if "sha256" not in saved:  # a hub id, or a checkpoint before 2026-11-27: options_differ compared the path
+        return []
+    here = data_fingerprint(path)
+    if here.get("sha256") == saved["sha256"]:
+        return []
+    if here["path"] == saved.get("path"):
+        return [f"--data-path {path}: its files changed since the checkpoint was written ({here.get('bytes', 0):,} "
+                f"bytes now, {saved.get('bytes', 0):,} then; another SHA-256)"]
+    return [f"--data-path {path}: {here['path']} ({here.get('bytes', 0):,} bytes) is not the data it was trained on, "
+            f"{saved.get('path')} ({saved.get('bytes', 0):,} bytes; another SHA-256)"]
 
 # What training_state.pt must hold, and of which type, for a resume to restore the run
 STATE_KEYS = {"step": int, "data_position": list, "optimizer": dict, "scheduler": dict, "rng": dict}
@@ -251,24 +288,21 @@ def checkpoint_problem(folder):
         return "its weights (*.safetensors) are missing or empty"
     return next(filter(None, map(safetensors_problem, weights)), None)
 
-def safetensors_problem(file):
-    """Why a .safetensors file cannot be read (its header damaged, its data cut short), or None; reads the header."""
-    from safetensors import safe_open
-
-    try:
-        with safe_open(file, "pt"):
-            return None
-    except Exception as e:  # SafetensorError: "incomplete metadata, file not fully covered", a bad header
-        return f"{file.name} is damaged ({str(e).splitlines()[0][:200]})"
-
 def check_weight_names(folder, saved, expected):
-    """Refuse weights whose names are not exactly the model's trainable ones: a missing tensor would be left as it
-    is (the base model's, or a fresh LoRA's), in silence."""
+    """Refuse weights whose names are not exactly the model's trainable ones (a missing tensor would be left as it
+    is, the base model's or a fresh LoRA's, in silence), or whose shapes are not (a size mismatch deep in torch)."""
     missing, unexpected = sorted(set(expected) - set(saved)), sorted(set(saved) - set(expected))
     if missing or unexpected:
         raise InputError(f"--resume {folder}: its weights do not match this model: {len(missing)} missing "
                          f"{missing[:3]}, {len(unexpected)} unexpected {unexpected[:3]}; resume the step before it, or "
                          "start a new run")
+    shapes = [(name, tuple(saved[name].shape), tuple(expected[name].shape)) for name in sorted(saved)
+              if saved[name].shape != expected[name].shape]
+    if shapes:
+        name, there, here = shapes[0]
+        raise InputError(f"--resume {folder}: its weights do not fit this model: {name} is {list(there)} in the "
+                         f"checkpoint, {list(here)} in the model ({len(shapes)} of {len(saved)} tensors differ): it was "
+                         "trained on another model or LoRA rank; load it with that one")
 
 def load_state_file(folder):
     """training_state.pt as plain data and tensors (weights_only): a pickled object in it could run any code."""
@@ -308,7 +342,7 @@ def resume(folder, model, optimizer, scheduler):
     torch.set_rng_state(state["rng"]["torch"])
     if "cuda" in state["rng"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["rng"]["cuda"])
-    print(f"resumed from {folder} at step {state['step']}")
+    say(f"resumed from {folder} at step {state['step']}", sys.stdout)
     return state["step"], tuple(state["data_position"])
 
 def apply_learning_rate(optimizer, scheduler, rates, state):

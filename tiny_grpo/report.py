@@ -13,21 +13,32 @@ from tiny_grpo.stopping import say
 class StepStatistics:
     """What train_step logs, as means over a step: the loss terms over its updates (each micro-batch by its share of
     its mini-batch), the gradient norm and the learning rate over its updates, the entropy over the sequences that
-    ran. updates: the step's optimizer updates."""
+    ran; the ratio's extremes before clipping, and the share of tokens clipped on each side. updates: the step's
+    optimizer updates. means()["tokens"]: grpo_loss' per-token values of each micro-batch, (rows, {name: [b, T]}) in
+    the order run, for the rollout log (a row's last is the last update's)."""
 
     def __init__(self, kl, updates):
         self.logged = ["loss", "clip_fraction"] + (["kl"] if kl else [])
         self.totals = dict.fromkeys(self.logged + ["grad_norm", "lr"], 0.0)
         self.updates, self.done, self.last_loss = updates, 0, math.nan
-        self.entropy_sum, self.ran = 0.0, 0
+        self.entropy_sum, self.ran, self.tokens, self.sides = 0.0, 0, [], {}
 
-    def add(self, loss, stats, share, entropy, mask):
-        """A micro-batch's loss and grpo_loss' statistics; share: its part of its mini-batch."""
+    def add(self, loss, stats, share, entropy, mask, rows=None):
+        """A micro-batch's loss and grpo_loss' statistics; share: its part of its mini-batch; rows: its sequences."""
         self.last_loss = loss.item()
         stats.update(loss=self.last_loss)
         for name in self.logged:
             self.totals[name] += stats[name] * (share / self.updates)
         self.entropy_sum, self.ran = self.entropy_sum + ((entropy * mask).sum() / mask.sum().clamp(min=1)).item() * len(mask), self.ran + len(mask)
+        if "tokens" in stats and mask.any():
+            tokens, taken = stats["tokens"], mask.bool()
+            self.tokens.append((rows, tokens))
+            ratio, sides = tokens["ratio"][taken], self.sides
+            sides["ratio_min"] = min(sides.get("ratio_min", math.inf), ratio.min().item())
+            sides["ratio_max"] = max(sides.get("ratio_max", -math.inf), ratio.max().item())
+            for name, side in (("clip_low_fraction", -1), ("clip_high_fraction", 1)):
+                share_clipped = (tokens["clipped"].expand_as(taken)[taken] == side).float().mean().item()
+                sides[name] = sides.get(name, 0.0) + share_clipped * (share / self.updates)
 
     def update(self, grad_norm, optimizer):
         """An optimizer update about to be made: its gradient norm and learning rate."""
@@ -36,7 +47,8 @@ class StepStatistics:
         self.done += 1
 
     def means(self):
-        return {**self.totals, **({"entropy": self.entropy_sum / self.ran} if self.ran else {})}
+        return {**self.totals, **({"entropy": self.entropy_sum / self.ran} if self.ran else {}), **self.sides,
+                "tokens": self.tokens}
 
 def clip_gradients(model, max_norm, stats):
     """torch.nn.utils.clip_grad_norm_ over the trainable weights, after a zero gradient for those no sequence reached
@@ -133,7 +145,7 @@ def step_metrics(result, rewards, stats, rollout_seconds, seconds, memory):
         **{f"rollout/reward_{name}": values.mean().item() for name, values in result.terms.items()},
         "rollout/completion_length": generated / len(result.completions),
         "rollout/zero_spread_groups": (rewards.max(1).values == rewards.min(1).values).float().mean().item(),
-        **{f"train/{k}": v for k, v in stats.items()},
+        **{f"train/{k}": v for k, v in stats.items() if k != "tokens"},
         "perf/step_seconds": seconds,
         "perf/rollout_seconds": rollout_seconds,
         "perf/tokens_per_second": generated / rollout_seconds,
@@ -184,15 +196,30 @@ class PhasePeaks:
         values, self.values = self.values, {}
         return {**values, "perf/memory_gb": self.most}
 
-def report(logger, progress, args, step, result, rewards, stats, seconds, memory, evals, tasks):
-    """Log a step (TensorBoard, W&B): step_metrics and the held-out evaluation if one ran; every
-    --log-completions-interval steps a few completions; then the progress bar, its postfix the step's mean reward,
-    KL and the held-out accuracy so far."""
-    metrics = {**step_metrics(result, rewards, stats, *seconds, memory), **evals.get(step, {})}
+def diagnostics(result, rewards, args, weights, last_length):
+    """What tells why a step did not learn: each reward term's share of the total reward, w_k mean(term_k) over
+    sum_k |w_k mean(term_k)|; the share of completions whose actions reached --max-length (cut at the budget); the
+    change in mean completion length since the last step (last_length; None at the first)."""
+    lengths = result.action_mask.sum(1).float()
+    contributions = {name: weights.get(name, 0.0) * values.float().mean().item() for name, values in result.terms.items()}
+    whole = sum(abs(c) for c in contributions.values())
+    metrics = {"rollout/cut_at_budget": (lengths >= args.max_length).float().mean().item()}
+    if whole > 0:
+        metrics.update({f"rollout/reward_share_{name}": c / whole for name, c in contributions.items()})
+    if last_length is not None:
+        metrics["rollout/completion_length_change"] = lengths.mean().item() - last_length
+    return metrics
+
+def report(logger, progress, args, step, result, rewards, stats, seconds, memory, evals, tasks, extra=None):
+    """Log a step (TensorBoard, W&B): step_metrics, the experiment's extra metrics, and the held-out evaluation if
+    one ran; every --log-completions-interval steps a few completions; then the progress bar, its postfix the step's
+    mean reward, KL and the held-out accuracy so far. Returns the metrics logged."""
+    metrics = {**step_metrics(result, rewards, stats, *seconds, memory), **(extra or {}), **evals.get(step, {})}
     if args.log_completions_interval and step % args.log_completions_interval == 0:
         logger.text("rollout/completions", sample_text(result, tasks, args.group_size), step)
     logger.scalars(metrics, step)
     advance_bar(progress, metrics, stats, evals)
+    return metrics
 
 def advance_bar(progress, metrics, stats, evals):
     """One step on the progress bar, its postfix the step's mean reward, KL and the held-out accuracy so far. A bar
@@ -220,8 +247,10 @@ def held_out(evals, problems=None):
     return f"; held-out accuracy {span}{accuracy[last]} at step {last} ({problems} problems, greedy)"
 
 def sample_text(rollout, tasks, group_size, count=4):
+    """A few completions as markdown; a multi-turn episode's whole transcript, its tool results or passages too."""
+    texts, label = getattr(rollout, "transcripts", rollout.completions), "episode" if hasattr(rollout, "transcripts") else "completion"
     rows = []
-    for i in range(min(count, len(rollout.completions))):
-        rows.append(f"**Q:** {tasks[i // group_size]['question']}  \n**completion:** `{rollout.completions[i]!r}`  \n"
+    for i in range(min(count, len(texts))):
+        rows.append(f"**Q:** {tasks[i // group_size]['question']}  \n**{label}:** `{texts[i]!r}`  \n"
                     f"**reward:** {rollout.rewards[i].item():.2f}")
     return "\n\n".join(rows)

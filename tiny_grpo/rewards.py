@@ -247,7 +247,7 @@ def call_reward_fn(function, completion, answer, metadata):
     except BaseException as e:  # sys.exit in it is a failure like any other: the run saves the steps done first
         return "failed", described(e)
     try:  # a number of any kind (numpy, a 0-d tensor), but not "0.5" or True, which float() would take
-        number = float(value) if not isinstance(value, (str, bytes, bool)) else math.nan
+        number = float(value) if not isinstance(value, (str, bytes)) and not truth_value(value) else math.nan
     except Exception:  # whatever its __float__ raises
         number = math.nan
     if math.isfinite(number):
@@ -256,6 +256,21 @@ def call_reward_fn(function, completion, answer, metadata):
         return "not a number", str(value)[:100]
     except Exception:
         return "not a number", f"a {type(value).__name__}"
+
+def truth_value(value):
+    """Whether value is a boolean of any kind: True, numpy.True_, a 0-d bool array or tensor. Each is refused as a
+    reward, as a reward service's true is: `x > 0.5` returned instead of a score is a slip, whichever library made it."""
+    return isinstance(value, bool) or str(getattr(value, "dtype", "")) in ("bool", "torch.bool")
+
+def json_problem(metadata):
+    """"field 'when' (Object of type datetime is not JSON serializable)": the first field of a row's metadata that
+    JSON cannot encode (a parquet file's timestamp or bytes column), or None."""
+    for name, value in metadata.items() if isinstance(metadata, dict) else ():
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError) as e:
+            return f"field {name!r} ({e})"
+    return None
 
 def described(error):
     """'ValueError: cannot score this (my_rewards.py:9 in reward > my_rewards.py:4 in check)': the error and, on the
@@ -275,7 +290,12 @@ def remote_rewards(url, completions, answers, metadata, timeout=30.0, retries=3)
     from tiny_grpo.options import redact, scrub  # here, not at the top: see there
 
     shown = redact(url)
-    body = json.dumps({"completions": completions, "answers": answers, "metadata": metadata}).encode()
+    try:
+        body = json.dumps({"completions": completions, "answers": answers, "metadata": metadata}).encode()
+    except (TypeError, ValueError) as e:  # a data column JSON cannot encode: the run saves its steps and says which
+        why = next(filter(None, map(json_problem, metadata)), f"its metadata ({e})")
+        raise RewardError(f"--reward-url {shown}: cannot send {why} as JSON: drop that column of the data, or cast it "
+                          "to text")
     for attempt in range(1, retries + 1):
         try:
             status, location, answer = within(timeout, post, url, body, timeout)

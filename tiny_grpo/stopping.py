@@ -5,10 +5,15 @@ import contextlib, signal, sys  # noqa: E401
 
 from tiny_grpo.errors import DivergedError, RewardError
 
-def say(text):
-    """text on stderr, where it can still be written: a closed pipe must not stop a save."""
+def say(text, file=None):
+    """text on stderr (or file), where it can still be written: a closed pipe must not stop a save, nor a character
+    the output's encoding lacks (PYTHONIOENCODING=latin-1 and --run-name 名前), which is written as a backslash escape."""
+    file = file or sys.stderr
     try:
-        print(text, file=sys.stderr)
+        print(text, file=file)
+    except UnicodeEncodeError:
+        encoding = getattr(file, "encoding", None) or "ascii"
+        say(text.encode(encoding, "backslashreplace").decode(encoding), file)
     except OSError:
         pass
 
@@ -50,9 +55,10 @@ class Interrupts:
         if self.pending is not None and not self.stopping:
             self.stop(self.pending)
 
-def stopped(stop, step, run_dir, save, logger, progress, interrupts):
-    """Save the steps done and report: Ctrl-C exits with 130, a reward failure or divergence goes on to main's error
-    message. A step that diverged after some of its updates is not saved (its weights are half updated)."""
+def stopped(stop, step, run_dir, save, logger, progress, interrupts, tell=say):
+    """Save the steps done and report with tell (a process that does not log: one that says nothing): Ctrl-C exits
+    with 130, a reward failure or divergence goes on to main's error message. A step that diverged after some of its
+    updates is not saved (its weights are half updated)."""
     interrupts.stopping = True  # any later Ctrl-C or SIGTERM is let pass: the save is not cut short
     try:
         progress.close()
@@ -61,11 +67,11 @@ def stopped(stop, step, run_dir, save, logger, progress, interrupts):
     half_updated = isinstance(stop, DivergedError) and stop.updates_done > 0
     what = {KeyboardInterrupt: "\ninterrupted", RewardError: "\nthe reward failed"}.get(type(stop), f"\nstep {step + 1} diverged")
     if half_updated:
-        say(f"{what}: its first updates are not saved")
+        tell(f"{what}: its first updates are not saved")
     elif step == 0:  # a checkpoint of zero steps holds nothing of the run and would block its name
-        say(f"{what}: before the first step; nothing to save")
+        tell(f"{what}: before the first step; nothing to save")
     else:
-        say(f"{what}: saving step {step} to {run_dir} (Ctrl-C again waits until it is written)")
+        tell(f"{what}: saving step {step} to {run_dir} (Ctrl-C again waits until it is written)")
         save()
     logger.close()
     if isinstance(stop, KeyboardInterrupt):

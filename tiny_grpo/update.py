@@ -1,0 +1,46 @@
+"""train_step's two fast forms, each the plain form's numbers at less cost: the rows that add nothing left out, and
+pi_old taken from the first pass's own forward. tests/test_experiments_grpo_math.py holds each equal to its plain
+form (test_zero_advantages_are_left_out_and_the_update_is_the_same, test_pi_old_from_the_first_pass_is_its_own_pass)."""
+
+import torch
+
+
+def micro_batches(rows, size, counted=None):
+    """rows.split(size), the plain form; with counted [n] (a bool per sequence of the batch), only the rows counted,
+    and no empty part. With beta = 0 a sequence whose advantage is 0 (a group of equal rewards) adds exactly 0 to the
+    loss and to its gradient: no pass needs to run it, and each mean still divides by all the sequences."""
+    if counted is not None:
+        rows = rows[counted[rows]]
+    return [idx for idx in rows.split(size) if len(idx)]
+
+
+def rows_that_count(advantages, kl_weight):
+    """The sequences a pass must run: all of them with beta > 0 (the KL term has a gradient everywhere), else those
+    whose advantage is not 0."""
+    return torch.ones(len(advantages), dtype=torch.bool) if kl_weight > 0 else (advantages != 0).cpu()
+
+
+class OldLogProbs:
+    """log pi_old(a_t | s_t) [n, T] of a rollout batch, the policy that sampled, without gradient: old(idx, epoch,
+    new_log_probs) gives the rows idx. The plain form is one no-grad pass over the batch in eval mode (no LoRA dropout)
+    before the first update. The fast form: while the first pass's forward is still pi_old (one update per pass, no
+    dropout), the rows are taken from that forward, detached, at no cost; first_pass=False, where pi_old is needed whole
+    before the first update (REINFORCE++'s per-token rewards), and FAST = False always take the plain form."""
+
+    FAST = True
+
+    def __init__(self, model, log_probs, counted, size, num_actions, updates_per_pass, dropout, first_pass=True):
+        n, device = len(counted), next(model.parameters()).device
+        self.values = torch.zeros(n, num_actions, device=device)
+        self.first_pass = self.FAST and first_pass and updates_per_pass == 1 and dropout == 0
+        if not self.first_pass:
+            model.eval()
+            with torch.no_grad():
+                for idx in micro_batches(torch.arange(n), size, counted):
+                    self.values[idx] = log_probs(model, idx)[0]
+            model.train()
+
+    def __call__(self, idx, epoch, new_log_probs):
+        if self.first_pass and epoch == 0:
+            self.values[idx] = new_log_probs.detach()
+        return self.values[idx]
