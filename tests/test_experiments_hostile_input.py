@@ -1129,7 +1129,9 @@ def test_a_closed_terminal_stops_the_run_as_sigterm_does():
     experiment's Interrupts but experiment_accelerate_ddp's, which the next test holds)."""
     from conftest import run_command
 
-    body = ("from tiny_grpo.stopping import Interrupts\ninterrupts = Interrupts()\ntry:\n"
+    # SIGHUP at its default first, as in a terminal: the suite itself may run under nohup, which ignores it
+    body = ("signal.signal(signal.SIGHUP, signal.SIG_DFL)\nfrom tiny_grpo.stopping import Interrupts\n"
+            "interrupts = Interrupts()\ntry:\n"
             "    os.kill(os.getpid(), signal.SIGHUP)\nexcept KeyboardInterrupt as e:\n    print('stopping on', e)")
     result = run_command([sys.executable, "-c", INTERRUPT.format(benchmarks=str(ROOT / "benchmarks"),
                                                                  name="experiment_base", body=body)])
@@ -1139,7 +1141,8 @@ def test_a_closed_terminal_stops_the_run_as_sigterm_does():
 def test_sighup_in_data_parallel_runs_takes_note_as_sigterm_does():
     from conftest import run_command
 
-    body = ("interrupts = module.Interrupts()\nos.kill(os.getpid(), signal.SIGHUP)\n"
+    body = ("signal.signal(signal.SIGHUP, signal.SIG_DFL)\ninterrupts = module.Interrupts()\n"
+            "os.kill(os.getpid(), signal.SIGHUP)\n"
             "print('noted', signal.Signals(interrupts.pending).name)")
     result = run_command([sys.executable, "-c", INTERRUPT.format(benchmarks=str(ROOT / "benchmarks"),
                                                                  name="experiment_accelerate_ddp", body=body)])
@@ -1401,7 +1404,8 @@ def test_a_hangup_ignored_at_the_start_stays_ignored(tiny_model_dir, tmp_path):
     assert process.returncode == 0, said.decode()[-2000:]
     assert sorted(p.name for p in (tmp_path / "out" / "r").iterdir()) == ["step_000003"]
     argv[argv.index("--run-name") + 1] = "again"
-    process = started(argv, tmp_path, stdout=subprocess.DEVNULL)
+    process = started(argv, tmp_path, stdout=subprocess.DEVNULL,  # the suite itself may run under nohup
+                      preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     process.send_signal(signal.SIGHUP)  # not ignored at the start: handled as Ctrl-C is
     with hang_guard("a run hung up", 600):
         _, said = process.communicate(timeout=600)
