@@ -904,6 +904,18 @@ def test_several_updates_per_step_move_the_ratio(single):
     assert scheduler.last_epoch == 4 and stats["clip_fraction"] > 0
 
 
+def rows_each_pass(module, monkeypatch):
+    """A list that receives how many rows each forward pass of module.sequence_log_probs takes."""
+    ran, real = [], module.sequence_log_probs
+
+    def spy(model, input_ids, *rest, **kwargs):
+        ran.append(len(input_ids))
+        return real(model, input_ids, *rest, **kwargs)
+
+    monkeypatch.setattr(module, "sequence_log_probs", spy)
+    return ran
+
+
 # The copies whose train_step leaves zero advantages out: not the accelerate ones, where every process must run
 # its backward passes for DDP's all-reduce; with two updates pi_old has its own pass (dropout would draw its masks
 # by the rows run: not exact, and not tested); experiment_drgrpo's losses by sequence, by budget, by token.
@@ -919,13 +931,7 @@ def test_zero_advantages_are_left_out_and_the_update_is_the_same(module_name, op
     it: the weights after the step are those of the same step whose advantages are 1e-30 instead of 0 (every row
     run, the same code), and a step with no row to run still makes its updates (Adam's step count, weight decay)."""
     module = load_experiment(module_name)
-    ran, real = [], module.sequence_log_probs
-
-    def spy(model, input_ids, *rest, **kwargs):
-        ran.append(len(input_ids))
-        return real(model, input_ids, *rest, **kwargs)
-
-    monkeypatch.setattr(module, "sequence_log_probs", spy)
+    ran = rows_each_pass(module, monkeypatch)
     weights = []
     for zero in (0.0, 1e-30):
         args, model, batch, _, scheduler = step_setup(module, tiny_model_dir, "--kl-weight", "0", "--max-grad-norm", "1e9",
@@ -955,13 +961,7 @@ def test_pi_old_from_the_first_pass_is_its_own_pass(module_name, tiny_model_dir,
     form (FAST = False) takes one no-grad pass first. The same step, both ways: the same weights after it, and the
     plain form runs each row once more."""
     module = load_experiment(module_name)
-    ran, real = [], module.sequence_log_probs
-
-    def spy(model, input_ids, *rest, **kwargs):
-        ran.append(len(input_ids))
-        return real(model, input_ids, *rest, **kwargs)
-
-    monkeypatch.setattr(module, "sequence_log_probs", spy)
+    ran = rows_each_pass(module, monkeypatch)
     weights, counts = [], []
     for fast in (True, False):
         monkeypatch.setattr(tiny_grpo.update.OldLogProbs, "FAST", fast)
