@@ -591,7 +591,7 @@ def run(args):
     # the main process logs (the step's metrics are of every process's rollout) and evaluates
     with Bookkeeping(args, run_dir, step, position, save, eval_tasks, tokenizer, score.weights,
                      accelerator.is_main_process, interrupts) as book:
-        if args.eval_interval and book.step == 0 and accelerator.is_main_process:  # the eval curve's start
+        if args.eval_interval and (book.step == 0 or book.evaluation_owed) and accelerator.is_main_process:
             with accelerator.autocast():
                 book.evaluated(*evaluate(model, tokenizer, eval_tasks, args, score))
         while book.step < args.max_steps:

@@ -625,7 +625,7 @@ def run(args):
 
     # the loggers, Ctrl-C, memory peaks, the progress bar, a checkpoint every --checkpoint-interval steps and at the end
     with Bookkeeping(args, run_dir, step, position, save, eval_tasks, tokenizer, score.weights) as book:
-        if args.eval_interval and book.step == 0:  # the eval curve's start; Ctrl-C here saves too
+        if args.eval_interval and (book.step == 0 or book.evaluation_owed):  # the curve's start, or one a stop cut
             book.evaluated(*evaluate(model, tokenizer, eval_tasks, args, score))
         while book.step < args.max_steps:
             tasks, next_position = next_prompts(train_tasks, args.rollouts_per_step, book.position, args.seed)  # shuffled

@@ -1525,3 +1525,36 @@ def test_what_wandb_would_refuse_is_refused_before_the_model_loads(options, env,
     said = fails_with(module, argv, capsys)
     assert says in said and "Traceback" not in said and "no-model-here" not in said  # before the model was looked for
     assert not (tmp_path / "home").exists()  # nothing written to the user's home
+
+
+def test_a_stop_during_the_held_out_evaluation_leaves_no_hole_in_its_curve(tiny_model_dir, tmp_path):
+    """A SIGTERM while step 1's held-out evaluation runs: step 1 is saved (its update was made), and the evaluation it
+    cut short is owed. The resumed run makes it first, so the eval curve has a point at every step: 0, 1, 2, 3. Before,
+    the resumed run went on to step 2 and the curve had no point at step 1. The evaluation's reward (a --reward-fn,
+    its answers 999 alone) sends the SIGTERM on the first call of the second evaluation."""
+    from conftest import run_script, tensorboard_scalars, write_jsonl
+
+    module = load_experiment("experiment_base")
+    held_out = write_jsonl(tmp_path / "held_out.jsonl", [{"question": f"Say {i}", "answer": "999"} for i in range(2)])
+    (tmp_path / "stop_in_eval.py").write_text(
+        "import os, signal\nfrom pathlib import Path\n"
+        "def reward(completion, answer, metadata):\n"
+        "    if answer == '999':\n"
+        "        seen = Path(__file__).with_name('eval_calls')\n"
+        "        calls = int(seen.read_text()) + 1 if seen.exists() else 1\n"
+        "        seen.write_text(str(calls))\n"
+        "        if calls == 3 and not Path(__file__).with_name('stopped').exists():\n"
+        "            Path(__file__).with_name('stopped').write_text('')\n"
+        "            os.kill(os.getppid(), signal.SIGTERM)\n"
+        "    return 0.0\n")
+    argv = tiny_run(module, tiny_model_dir, tmp_path, "--eval-interval", "1", "--eval-data-path", held_out,
+                    "--eval-prompts", "2", "--reward-fn", "stop_in_eval:reward", steps=3)
+    script = ROOT / "experiment_base" / "train.py"
+    first = run_script(script, *argv, cwd=tmp_path)
+    assert first.returncode == 130 and "saving step 1" in first.stderr, first.stderr[-2000:]
+    assert tensorboard_scalars(tmp_path / "runs")["eval/accuracy"] and (tmp_path / "out" / "r" / "step_000001").is_dir()
+    argv[argv.index("--run-name"):argv.index("--run-name") + 2] = ["--resume", tmp_path / "out" / "r"]
+    again = run_script(script, *argv, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-2000:]
+    steps = sorted(step for step, _ in tensorboard_scalars(tmp_path / "runs")["eval/accuracy"])
+    assert steps == [0, 1, 2, 3]

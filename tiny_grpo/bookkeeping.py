@@ -44,6 +44,8 @@ class Bookkeeping:
         self.progress = tqdm(total=args.max_steps, initial=step, desc=args.run_name, dynamic_ncols=True,
                              disable=not main_process)
         self.started = self.sampled = self.last_length = None  # the step's clock; the last step's completion length
+        # the evaluation a stop cut short at the step resumed from (claim_run read it): the loop makes it first
+        self.evaluation_owed, self.reported = bool(getattr(args, "evaluation_owed", False)), True
 
     def __enter__(self):
         return self
@@ -62,15 +64,16 @@ class Bookkeeping:
         """The update: weights, optimizer and step change together, a Ctrl-C waits until the block ends."""
         with self.interrupts.deferred(), self.phase("training"):
             yield
-            self.step, self.position = self.step + 1, next_position
+            self.step, self.position, self.reported = self.step + 1, next_position, False
 
     def evaluated(self, metrics, result=None):
         """A held-out evaluation after book.step steps, and its rollout (for the rollout log); the one before any
         step is logged at once (the curve's start), the others with their step's report."""
         self.evals[self.step] = metrics
         self.rollouts.evaluation(self.step, metrics, self.eval_tasks, result)
-        if self.step == 0:
-            self.logger.scalars(metrics, 0)
+        if self.step == 0 or self.evaluation_owed:  # no report of this step follows
+            self.logger.scalars(metrics, self.step)
+        self.evaluation_owed = self.args.evaluation_owed = False
 
     def report(self, result, rewards, stats, tasks, advantages=None, extra=None, everyone=None):
         """Log the step (TensorBoard, W&B, the rollout log, the progress bar), then save it every
@@ -85,6 +88,7 @@ class Bookkeeping:
         metrics = report(self.logger, self.progress, self.args, self.step, logged, logged_rewards, stats, seconds,
                          self.memory, self.evals, logged_tasks, extra)
         self.rollouts.step(self.step, tasks, result, advantages, stats, metrics)
+        self.reported = True
         self.started = self.sampled = None
         self.last_length = logged.action_mask.sum(1).float().mean().item()
         if self.args.checkpoint_interval and self.step % self.args.checkpoint_interval == 0:
@@ -112,6 +116,9 @@ class Bookkeeping:
             except STOPS as e:  # Ctrl-C during the last save
                 stop = e
         self.rollouts.close()
+        args = self.args  # a stop between the update and its report may have cut the step's evaluation short
+        due = args.eval_interval and (self.step % args.eval_interval == 0 or self.step == args.max_steps)
+        args.evaluation_owed = bool(not self.reported and due and self.step not in self.evals)
         if isinstance(stop, STOPS):  # every process saves; the main one tells
             stopped(stop, self.step, self.run_dir, lambda: self.save(self.step, self.position), self.logger,
                     self.progress, self.interrupts, say if self.main else lambda text: None)  # exits 130, or raises

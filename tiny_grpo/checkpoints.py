@@ -40,6 +40,8 @@ def claim_run(args, problem=None):
     owner = checkpoint_dir and (checkpoint_dir.parent.parent if aside else checkpoint_dir.parent)  # the run's folder
     if checkpoint_dir:
         args.run_name = args.run_name or owner.name  # keep logging into the same run
+    # the held-out evaluation a stop cut short at the checkpoint's step: the resumed run makes it first (Bookkeeping)
+    args.evaluation_owed = bool(checkpoint_dir and load_state_file(checkpoint_dir).get("evaluation_owed"))
     args.run_name = args.run_name or f"{args.experiment}-{time.strftime('%Y%m%d-%H%M%S')}"
     check_wandb(args)  # what W&B would refuse after the model loads
     run_dir = Path(args.checkpoint_path) / args.run_name
@@ -135,7 +137,8 @@ def claim_log_folder(log_dir, run_dir, resuming_here):
 
 def training_state(args, step, position):
     return {"step": step, "data_position": list(position), "run_name": args.run_name, "experiment": args.experiment,
-            "args": recorded_options(args), "data": args.data_fingerprint, "model": getattr(args, "model_fingerprint", {})}
+            "args": recorded_options(args), "data": args.data_fingerprint, "model": getattr(args, "model_fingerprint", {}),
+            "evaluation_owed": getattr(args, "evaluation_owed", False)}  # a stop cut the step's evaluation short
 
 def data_fingerprint(path):
     """The training data whose position a checkpoint holds: its resolved path, and the size and SHA-256 of its
