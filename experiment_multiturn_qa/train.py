@@ -428,6 +428,8 @@ def play_episodes(model, tokenizer, prompt_ids, prompt_mask, group_size, max_len
         ids, actions = sample(model, tokenizer, context_ids.to(prompt_ids.device), context_mask.to(prompt_ids.device),
                               1, budget, temperature, top_p)
 
+RECORD_FIELDS = ("answer_retrieved", "queries", "searches", "turns")  # the episode's record, joined to its metadata
+
 @torch.no_grad()
 def rollout(model, tokenizer, tasks, group_size, max_length, temperature=1.0, top_p=1.0, generation_batch_size=None,
             score=None, search=None, max_turns=MAX_TURNS):
@@ -726,6 +728,10 @@ def load_tasks(path, prompt_key="question", answer_key="answer", filters=(), max
                 seen[field].setdefault(filter_text(row[field]))
         if all(filter_matches(row[field], values) for field, values in wanted.items()):
             metadata = {k: v for k, v in row.items() if k not in (prompt_key, answer_key)}
+            taken = [name for name in RECORD_FIELDS if name in metadata]  # the episode's record would replace them
+            if taken:
+                raise InputError(f"{where}: field {taken[0]!r} is a name of the episode's record "
+                                 f"({', '.join(RECORD_FIELDS)}), which the reward receives in its place: rename the field")
             answer = as_text(row[answer_key])
             tasks.append({"question": as_text(row[prompt_key]), "answer": answer, "metadata": metadata})
         if max_rows is not None and len(tasks) >= max_rows:

@@ -157,11 +157,15 @@ def test_a_run_name_too_long_for_a_folder_is_blamed_on_run_name(tiny_model_dir, 
     assert module.parse_args(["--device", "cpu", "--run-name", "a" * 255]).run_name == "a" * 255
 
 
-@pytest.mark.parametrize("field", ["turns", "tool_calls", "tool_errors"])
-def test_tool_calling_refuses_data_fields_its_episode_record_replaces(field, tiny_model_dir, tmp_path, capsys):
-    """A data field named turns or tool_calls was replaced in silence by the episode's record in what the reward
-    received. It is refused at load, by file and line, before the model loads."""
-    module = load_experiment("experiment_multiturn_tool_calling")
+@pytest.mark.parametrize("name, field", [("experiment_multiturn_tool_calling", field) for field in
+                                         ("turns", "tool_calls", "tool_errors")] +
+                         [("experiment_multiturn_qa", field) for field in ("searches", "queries", "answer_retrieved")])
+def test_multi_turn_copies_refuse_data_fields_their_episode_record_replaces(name, field, tiny_model_dir, tmp_path,
+                                                                            capsys):
+    """A data field named as a field of the episode's record (tool calling's turns or tool_calls, QA's searches or
+    queries) was replaced in silence by that record in what the reward received. It is refused at load, by file and
+    line, before the model loads."""
+    module = load_experiment(name)
     rows = [{"question": "What is 2 + 2?", "answer": "4"}, {"question": "What is 3 + 3?", "answer": "6", field: 1}]
     data = write_jsonl(tmp_path / "tasks.jsonl", rows)
     said = fails_with(module, ["--device", "cpu", "--model-name", tiny_model_dir, "--data-path", data,
