@@ -682,6 +682,9 @@ def grpo_loss(log_probs, old_log_probs, advantages, action_mask, clip_eps=0.2, r
     stats["clip_fraction_low"] = masked_mean(clipped_low.float(), action_mask).item()
     stats["clip_fraction_high"] = masked_mean(clipped_high.float(), action_mask).item()
     stats["ratio"] = masked_mean(ratio.expand_as(log_probs), action_mask).item()
+    # per token, for the rollout log (docs/rollout-log.md): clipped +1 above 1 + eps_high, -1 below 1 - eps_low
+    stats["tokens"] = {"logp_old": old_log_probs, "ratio": ratio.detach(), "clipped": clipped_high.float() - clipped_low.float(),
+                       **({"kl": kl.detach()} if ref_log_probs is not None else {})}
     return loss, stats
 
 # ---- The update: train_step ----
@@ -761,7 +764,7 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
                 part = action_mask[idx].sum().item() / tokens if token_level else len(idx) / size
                 with uncast_lora_inputs(model):  # the same gradients, fewer copies (checkpointing's recomputation)
                     (loss * part).backward()  # the mean over the mini-batch, accumulated
-                stats.add(loss, loss_stats, part, entropy, action_mask[idx])
+                stats.add(loss, loss_stats, part, entropy, action_mask[idx], idx)
             skipped = rows[~counted[rows]]
             if ref_log_probs is not None and len(skipped):  # --log-kl, beta 0: the rows measured at pi_old above
                 part = action_mask[skipped].sum(dim=1).cpu() / tokens if token_level else 1 / size  # each row's share
@@ -878,10 +881,12 @@ class StepStatistics:
         self.logged = ["loss", "clip_fraction", "clip_fraction_low", "clip_fraction_high"] + (["kl"] if kl else [])
         self.totals = dict.fromkeys(self.logged + ["grad_norm", "lr"], 0.0)
         self.updates, self.done, self.last_loss = updates, 0, math.nan
-        self.entropy_sum, self.ran = 0.0, 0
+        self.entropy_sum, self.ran, self.tokens = 0.0, 0, []
 
-    def add(self, loss, stats, share, entropy, mask):
-        """A micro-batch's loss and grpo_loss' statistics; share: its part of its mini-batch."""
+    def add(self, loss, stats, share, entropy, mask, rows=None):
+        """A micro-batch's loss and grpo_loss' statistics; share: its part of its mini-batch; rows: its sequences,
+        whose per-token values the rollout log takes (the last update's of each row)."""
+        self.tokens.append((rows, stats.pop("tokens", {})))
         self.last_loss = loss.item()
         stats.update(loss=self.last_loss)
         for name in self.logged:
@@ -895,7 +900,7 @@ class StepStatistics:
         self.done += 1
 
     def means(self):
-        return {**self.totals, **({"entropy": self.entropy_sum / self.ran} if self.ran else {})}
+        return {**self.totals, **({"entropy": self.entropy_sum / self.ran} if self.ran else {}), "tokens": self.tokens}
 
 def take_groups(result, groups, group_size):
     """The rows of the given groups (indices [K]) of a rollout: row i*G+j is the j-th completion of prompt i."""

@@ -133,3 +133,19 @@ def test_context_tokens_are_shown_outside_the_action_mask():
     assert record["ratio"] == [1.1, None, None, 0.9] and record["clipped"] == [1, None, None, -1]
     assert record["advantage"] == 2.0 and record["terms"] == {"correctness": 0.5} and not record["truncated"]
     assert all(isinstance(v, float) and math.isfinite(v) for v in record["logp_old"] if v is not None)
+
+
+@pytest.mark.parametrize("algorithm", ["cispo", "gspo"])
+def test_the_drgrpo_experiment_logs_its_own_ratio_and_clip(algorithm, tiny_model_dir, tasks, tmp_path):
+    """experiment_drgrpo's loss is its algorithm's (CISPO's clipped weight, GSPO's one ratio per sequence): its
+    rollout log holds that ratio at each token (GSPO's the same along a completion) and the side its clip acted on."""
+    (tmp_path / "length_reward.py").write_text("def reward(completion, answer, metadata):\n    return len(completion) / 12\n")
+    run = train(tiny_model_dir, tasks, tmp_path, "--max-steps", "1", "--eval-interval", "0", "--algorithm", algorithm,
+                "--updates-per-step", "2", "--reward-fn", "length_reward:reward", experiment="experiment_drgrpo")
+    completions = [c for g in records(run, "step")[0]["groups"] for c in g["completions"]]
+    computed = [c for c in completions if c["ratio"] is not None]
+    assert computed and all(len(c["ratio"]) == len(c["tokens"]) == len(c["clipped"]) for c in computed)
+    assert all(set(c["clipped"]) <= {-1, 0, 1} for c in computed)
+    if algorithm == "gspo":
+        assert all(len(set(c["ratio"])) == 1 for c in computed)  # the sequence's ratio, at each of its tokens
+    assert any(set(c["ratio"]) != {1.0} for c in computed)  # the second update's rows moved
