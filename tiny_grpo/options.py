@@ -196,7 +196,8 @@ def add_setup_options(p, by_device, tasks, reward_terms, default_weights, data=N
                    "tiny_grpo.view (docs/rollout-log.md); 0: never (default: 1 on CPU, 1.9 MB for the 20-step "
                    "default run; 10 on CUDA)")
     g.add_argument("--log-rollout-groups", type=integer("[0, inf)"), default=None, help="at most this many groups of a "
-                   "logged step (0: all; default: all on CPU, 4 on CUDA; about 21 bytes a token: 4 groups of 8 x 512 tokens, 0.35 MB)")
+                   "logged step (0: all; default: all on CPU, 4 on CUDA; 21 bytes a token in the CPU run, so about 0.35 MB for 4 "
+                   "groups of 8 x 512 tokens, estimated)")
 
 def has_splits(path):
     """Whether --data-path names something with splits (a hub id, or a folder other than one saved dataset)."""

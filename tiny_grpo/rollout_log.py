@@ -99,7 +99,7 @@ class RolloutLog:
                   "tokens": [self.piece(i) for i in ids[present].tolist()],
                   "action": actions[present].tolist()}
         for name in TOKEN_VALUES:
-            if name == "kl" and not self.args.kl_weight:
+            if name == "kl" and not (self.args.kl_weight or (values and "kl" in values)):  # measured: beta > 0, --log-kl
                 continue
             if values is None or name not in values:  # no pass ran this row (beta = 0, A = 0): nothing computed
                 record[name] = None
