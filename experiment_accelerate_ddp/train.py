@@ -43,6 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+if (CHECKOUT := str(Path(__file__).resolve().parent.parent)) not in sys.path:  # take tiny_grpo/ from this checkout,
+    sys.path.insert(0, CHECKOUT)  # not from another one that pip installed (a second clone or worktree)
 
 import tiny_grpo.report
 from tiny_grpo.answers import answer_parses, check_finite, parse_number, task_correctness

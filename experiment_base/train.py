@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+if (CHECKOUT := str(Path(__file__).resolve().parent.parent)) not in sys.path:  # take tiny_grpo/ from this checkout,
+    sys.path.insert(0, CHECKOUT)  # not from another one that pip installed (a second clone or worktree)
 
 from tiny_grpo.answers import answer_parses, check_finite, parse_number, task_correctness
 from tiny_grpo.bookkeeping import Bookkeeping
