@@ -19,15 +19,20 @@ a --data file that cannot be read is an error, before the model loads.
 
 A checkpoint of experiment_drgrpo or of the accelerate copies is evaluated as experiment_base's (they
 share its prompts and rewards); a multi-turn experiment's is refused: its own train.py evaluates it.
+A copy's (train.py records its folder's name: my_exp/train.py, "my_exp") is evaluated as the first of
+those whose options hold every option it recorded that an experiment here has (experiment_base, for a
+copy of its train.py), and refused otherwise.
 """
 
 import argparse
+import functools
 import json
+import re
 import sys
 from pathlib import Path
 
 import torch
-from common import load_experiment, machine, output_file, resolved_dtype, write_json
+from common import ROOT, load_experiment, machine, output_file, resolved_dtype, write_json
 import tiny_grpo.checkpoints
 
 BASE = load_experiment()  # whose options main() hands the values on to: they are checked here, with its types
@@ -121,17 +126,48 @@ def checked_checkpoint(parser, path):
 def written_by(parser, folder):
     """The experiment whose train.py wrote the checkpoint in folder, as its training_state.pt records it (raises
     InputError where that file cannot be read; experiment_base where it is absent, an adapter saved alone, or records
-    none, as before 2026-11-23). Another experiment's is refused: a multi-turn one's prompts and rewards are not
-    experiment_base's, and a name that is no experiment here is not loaded."""
+    none, as before 2026-11-23). A multi-turn experiment's is refused: its prompts and rewards are not experiment_base's.
+    A name that is no experiment here (train.py records its folder's name: a copy in my_exp/ records "my_exp") is
+    judged by the options it recorded that some experiment here has: the first of SAME_PROMPTS that has all of them
+    (experiment_base, for a copy of its train.py); else refused."""
     if not (folder / "training_state.pt").exists():
         return "experiment_base"
     state = tiny_grpo.checkpoints.load_state_file(folder)
-    experiment = state.get("experiment", "experiment_base") if isinstance(state, dict) else "experiment_base"
-    if experiment not in SAME_PROMPTS:
+    state = state if isinstance(state, dict) else {}
+    experiment = state.get("experiment", "experiment_base")
+    if experiment in SAME_PROMPTS:
+        return experiment
+    evaluated = "evaluate.py evaluates the checkpoints of " + ", ".join(SAME_PROMPTS)
+    if not isinstance(experiment, str) or not re.fullmatch(r"[^/\\\0]+", experiment) or experiment in (".", ".."):
+        parser.error(f"--checkpoint {folder}: a checkpoint of {experiment!r}, which no train.py records (it records "
+                     f"its folder's name); {evaluated}")
+    if (ROOT / experiment / "train.py").is_file():
         parser.error(f"--checkpoint {folder}: a checkpoint of {experiment!r}, whose prompts and rewards are not "
-                     "experiment_base's, the ones evaluate.py runs (a multi-turn experiment's train.py evaluates its "
-                     "own: --eval-interval)")
-    return experiment
+                     f"experiment_base's ({evaluated}; a multi-turn experiment's train.py evaluates its own: --eval-interval)")
+    options = state.get("args")
+    known = set(options) & set().union(*map(experiment_options, EXPERIMENTS)) if isinstance(options, dict) else set()
+    if not known:
+        parser.error(f"--checkpoint {folder}: a checkpoint of {experiment!r}, no experiment in this repository, whose "
+                     f"training_state.pt records no options to tell whose copy it is; {evaluated}")
+    for same in SAME_PROMPTS:
+        if known <= experiment_options(same):
+            print(f"--checkpoint: {folder.name} is a checkpoint of {experiment!r}, no experiment in this repository; "
+                  f"its options are {same}'s: evaluated as {same}'s", file=sys.stderr)
+            return same
+    parser.error(f"--checkpoint {folder}: a checkpoint of {experiment!r}, no experiment in this repository, whose "
+                 f"options are none of theirs ({', '.join(sorted(known - experiment_options('experiment_base'))[:5])}: "
+                 f"not experiment_base's); {evaluated}")
+
+
+# The experiments here: their options tell whose copy a checkpoint of another name is
+EXPERIMENTS = sorted(path.parent.name for path in ROOT.glob("experiment_*/train.py"))
+
+
+@functools.cache
+def experiment_options(name):
+    """The names of an experiment's options (its parser's), as its checkpoints record them under "args" (with what the
+    shared plumbing adds there as it runs, which no experiment's parser has: left out of the comparison)."""
+    return set(vars(load_experiment(name).parse_args([])))
 
 
 @torch.no_grad()

@@ -1,4 +1,4 @@
-"""The GPU check: what a lent GPU machine should measure first, as one command of at most 8 minutes (--seconds).
+"""The GPU check: what a GPU machine should measure first, as one command of at most 8 minutes (--seconds).
 
 Five parts, in this order, each in a process of its own under its own time limit (LIMITS; never past the whole
 check's end). Each part's JSON is written under --out (gpu_check.sh: $OUT) as soon as the part has it, and one line
@@ -16,12 +16,14 @@ A part that fails, runs out of time or has none left says so in its JSON's "stat
 next one starts. The output also goes to gpu_check.log beside the JSON (gpu_check.sh).
 
     bash benchmarks/gpu_check.sh               # on the GPU machine: the wheels of gpu_wheels.sh, then this (docs/gpu.md)
-    bash benchmarks/gpu_check.sh --dry-run     # the same parts on the CPU, on gpu_run.py's small dry-run model
+    bash benchmarks/gpu_check.sh --dry-run     # the same parts on the CPU, on gpu_run.py's small dry-run model,
+                                               # written under $OUT/dry_run/: a GPU run's results in $OUT stay
 """
 
 import argparse
 import datetime
 import functools
+import importlib.util
 import json
 import os
 import shutil
@@ -33,7 +35,25 @@ import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
-from common import ROOT, load_experiment, machine, output_folder, step_summary, write_json
+# What every part imports (common.py imports torch at once): looked for before anything imports them, so that a
+# python without one is named in a line, not shown in a traceback
+NEEDED = ("torch", "transformers", "peft", "safetensors", "tokenizers")
+
+
+def missing_packages():
+    """The line that names this python and the NEEDED packages it lacks, or None."""
+    missing = [name for name in NEEDED if importlib.util.find_spec(name) is None]
+    if missing:
+        return (f"error: {sys.executable} (Python {sys.version.split()[0]}) has no {', '.join(missing)}: run the check "
+                "with a python that has them (PYTHON=... bash benchmarks/gpu_check.sh)")
+    return None
+
+
+if __name__ == "__main__" and missing_packages():
+    sys.exit(missing_packages())
+
+from common import ROOT, load_experiment, machine, output_folder, step_summary, write_json  # noqa: E402
+from tiny_grpo.stopping import Interrupts, say  # noqa: E402
 
 NAMES = {1: "tests", 2: "decode", 3: "default_steps", 4: "estimate", 5: "trl"}
 LIMITS = {1: 120, 2: 90, 3: 150, 4: 90, 5: 480}  # seconds a part may take; part 5 takes what is left
@@ -43,14 +63,23 @@ GRAPH_TEST = "test_the_graph_decode_step_on_cuda"
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=output_folder, default=os.environ.get("OUT") or ROOT / "output" / "gpu_check",
-                   help="the folder for each part's JSON (default: $OUT, else output/gpu_check)")
+    p.add_argument("--out", type=output_folder, help="the folder for each part's JSON (default: $OUT, else "
+                   "output/gpu_check; with --dry-run its dry_run/ folder, so that a GPU run's results brought back there stay)")
     p.add_argument("--seconds", type=float, default=480, help="the whole check's time (default: %(default)s)")
     p.add_argument("--dry-run", action="store_true", help="the same parts on the CPU, on gpu_run.py's small "
                    "model and sizes (2 prompts x 2 completions x 8 tokens), in seconds: for the tests")
     p.add_argument("--part", type=int, choices=NAMES, help=argparse.SUPPRESS)  # one part, in this process
     p.add_argument("--folder", type=Path, help=argparse.SUPPRESS)  # where the parts share the random model
-    return p.parse_args(argv)
+    # gpu_check.sh's first call: the refusal, or the folder the check writes in, before it makes the folder and the log
+    p.add_argument("--ready", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.out is None:
+        args.out = Path(os.environ.get("OUT") or ROOT / "output" / "gpu_check") / ("dry_run" if args.dry_run else "")
+        try:
+            output_folder(str(args.out))
+        except argparse.ArgumentTypeError as e:
+            p.error(f"--out {args.out} (from $OUT): {e}")
+    return args
 
 
 def json_path(out, part):
@@ -235,15 +264,29 @@ def run_part(args):
     save(result, "done", summary)
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    if args.part:
-        return run_part(args)
+def unready(args):
+    """Why this python cannot run the check, in one line, or None: a package missing, or no CUDA without --dry-run."""
+    if missing_packages():
+        return missing_packages()
     if not args.dry_run:
         import torch
 
         if not torch.cuda.is_available():
-            raise SystemExit("error: no CUDA device here; --dry-run runs the same parts on the CPU")
+            return (f"error: no CUDA device here (torch {torch.__version__} in {sys.executable}); --dry-run runs the "
+                    "same parts on the CPU")
+    return None
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.part:
+        return run_part(args)
+    if unready(args):  # before anything is written: a GPU run's JSON and log in --out stay as they are
+        raise SystemExit(unready(args))
+    if args.ready:  # gpu_check.sh makes this folder and the log in it next
+        print(args.out)
+        return
+    args.out.mkdir(parents=True, exist_ok=True)  # finish() writes a part's JSON there, the part's or not
     end = time.monotonic() + args.seconds
     folder = Path(tempfile.mkdtemp(prefix="gpu_check_"))
     try:
@@ -251,23 +294,48 @@ def main(argv=None):
             limit = min(LIMITS[part], end - time.monotonic())
             path = json_path(args.out, part)
             path.unlink(missing_ok=True)
-            started, status = time.monotonic(), "done"
+            started = time.monotonic()
             if limit < LEAST:
                 status = f"skipped: {max(0, end - time.monotonic()):.0f} s left of the check's {args.seconds:.0f}"
             else:
-                command = [sys.executable, __file__, "--part", str(part), "--out", str(args.out), "--folder", str(folder)]
-                process = subprocess.Popen(command + ["--dry-run"] * args.dry_run, start_new_session=True,
-                                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
                 try:
-                    if process.wait(timeout=limit):
-                        status = f"failed: exit status {process.returncode}"
-                except subprocess.TimeoutExpired:  # the part and every process it started
-                    os.killpg(process.pid, signal.SIGKILL)
-                    process.wait()
-                    status = f"timed out after {limit:.0f} s"
+                    status = run_process(part_command(args, part, folder), limit)
+                except KeyboardInterrupt as stop:  # stopped already (run_process): its JSON says so, then the folder goes
+                    finish(path, part, f"interrupted ({stop or 'SIGINT'})", time.monotonic() - started)
+                    raise
             finish(path, part, status, time.monotonic() - started)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def part_command(args, part, folder):
+    """The command that runs one part in a process of its own."""
+    return ([sys.executable, __file__, "--part", str(part), "--out", str(args.out), "--folder", str(folder)]
+            + ["--dry-run"] * args.dry_run)
+
+
+def run_process(command, limit):
+    """Run command in a process group of its own for at most limit seconds: "done", or what stopped it. On Ctrl-C or
+    SIGTERM (KeyboardInterrupt, raised on) the group is stopped first: nothing of the part runs on once the check
+    ends and removes the folder of the random model it may be writing."""
+    process = subprocess.Popen(command, start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        return f"failed: exit status {process.returncode}" if process.wait(timeout=limit) else "done"
+    except subprocess.TimeoutExpired:
+        stop_group(process)
+        return f"timed out after {limit:.0f} s"
+    except BaseException:
+        stop_group(process)
+        raise
+
+
+def stop_group(process):
+    """Kill the process and every process it started (its group), and wait for it."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:  # ended already, and all it started
+        pass
+    process.wait()
 
 
 def finish(path, part, status, seconds):
@@ -281,5 +349,16 @@ def finish(path, part, status, seconds):
           f" -> {path}", flush=True)
 
 
+def command_line():
+    """python benchmarks/gpu_check.py: SIGTERM and SIGHUP as Ctrl-C, which stops the part running (its JSON says so;
+    a second one waits for that) and exits with 130."""
+    Interrupts()
+    try:
+        main()
+    except KeyboardInterrupt as stop:
+        say(f"interrupted ({stop or 'SIGINT'}): the part running was stopped; the parts that ended are kept")
+        sys.exit(130)
+
+
 if __name__ == "__main__":
-    main()
+    command_line()

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check.sh, the command a lent GPU machine runs first: its dry run on the CPU goes through each part's
+"""benchmarks/gpu_check.sh, the command a GPU machine runs first: its dry run on the CPU goes through each part's
 code (each part in a process of its own, under its own time limit), writes each part's JSON under $OUT with the keys
 a GPU run writes, and prints each part's line as the part ends; a part out of time is recorded and the next one runs."""
 
@@ -19,7 +19,9 @@ KEYS = {1: {"graph", "rest"},
 
 
 def test_the_dry_run_writes_and_prints_each_part_as_it_ends(tmp_path):
+    """The dry run writes in $OUT/dry_run/ (a GPU run's results in $OUT stay: tests/test_hostile_round5_scripts.py)."""
     env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
+    tmp_path = tmp_path / "dry_run"
     process = subprocess.Popen(["bash", ROOT / "benchmarks" / "gpu_check.sh", "--dry-run"], cwd=ROOT, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     ended, output = [], []
