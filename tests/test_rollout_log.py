@@ -42,9 +42,11 @@ def test_a_step_record_holds_each_group_and_token_as_grpo_computed_it(tiny_model
     run = train(tiny_model_dir, tasks, tmp_path, "--max-steps", "2", "--eval-interval", "1", "--updates-per-step", "2",
                 "--clip-eps", "0.01", "--kl-weight", "0.1", "--reward-fn", "length_reward:reward")  # rewards that vary
     header, *rest = records(run)
+    assert len(header.pop("start")) == 16  # this start's id (its checkpoints' log_starts name it)
     assert header == {"kind": "run", "experiment": "experiment_base", "run_name": "r", "group_size": 4, "clip_eps": 0.01,
                       "kl_weight": 0.1, "max_length": 10, "temperature": 0.8,
-                      "reward_weights": {"correctness": 1.0, "format": 0.0, "reasoning": 0.0, "custom": 1.0}}
+                      "reward_weights": {"correctness": 1.0, "format": 0.0, "reasoning": 0.0, "custom": 1.0},
+                      "start_step": 0}
     assert [(r["kind"], r["step"]) for r in rest] == [("eval", 0), ("eval", 1), ("step", 1), ("eval", 2), ("step", 2)]
     scalars = tensorboard_scalars(run)
     clipped_sides = set()
@@ -105,14 +107,16 @@ def test_log_off_writes_nothing(tiny_model_dir, tasks, tmp_path):
 
 def test_a_resumed_run_drops_what_a_crashed_run_wrote_after_its_checkpoint(tiny_model_dir, tasks, tmp_path):
     """As TensorBoard's purge_step: the records after the checkpoint's step (a crash after step 2's checkpoint, say,
-    left steps 3 and 4 and half a line) are dropped when the run resumes, then the resumed steps appended once."""
+    left steps 3 and 4 and half a line) are dropped when the run resumes, then the resumed start's run record and
+    steps appended once."""
     run = train(tiny_model_dir, tasks, tmp_path, "--max-steps", "2", "--eval-interval", "0")
     with open(run / "rollouts.jsonl", "a", encoding="utf-8") as log:
         log.write(json.dumps({"kind": "step", "step": 3, "scalars": {}, "groups": []}) + "\n")
         log.write(json.dumps({"kind": "eval", "step": 4, "metrics": {}, "completions": []}) + "\n")
         log.write('{"kind": "step", "step": 4, "sca')  # the crash, mid-line
     train(tiny_model_dir, tasks, tmp_path, "--max-steps", "3", "--eval-interval", "0", "--resume", tmp_path / "out" / "r")
-    assert [(r["kind"], r.get("step")) for r in records(run)] == [("run", None), ("step", 1), ("step", 2), ("step", 3)]
+    assert [(r["kind"], r.get("step")) for r in records(run)] == [("run", None), ("step", 1), ("step", 2), ("run", None),
+                                                                  ("step", 3)]
 
 
 def test_context_tokens_are_shown_outside_the_action_mask():

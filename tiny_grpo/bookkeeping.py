@@ -9,14 +9,13 @@ from tiny_grpo.errors import DivergedError, RewardError
 from tiny_grpo.report import Logger, PhasePeaks, diagnostics, held_out, report
 from tiny_grpo.rollout_log import RolloutLog
 from tiny_grpo.stopping import Interrupts, say, stopped
+from tiny_grpo.view import draw_in_background, finish_drawing
 
 STOPS = (KeyboardInterrupt, RewardError, DivergedError)  # what ends a run early, the steps done saved
 
 
 class Silent:
     """The logger and the rollout log of a process that does not log (several processes: the main one logs)."""
-
-    interval = 0  # no rollout log, so no page
 
     def __getattr__(self, name):  # scalars, text, step, evaluation, close: nothing
         return lambda *args, **kwargs: None
@@ -96,13 +95,12 @@ class Bookkeeping:
 
     def save(self, step, position):
         """The checkpoint of the steps done, then the run's page drawn from the rollout log (python -m
-        tiny_grpo.view): a page that cannot be written is said, and the run goes on."""
+        tiny_grpo.view), wherever there is one (a resume with --log-rollouts 0 purged it: the page follows): a page
+        that cannot be written is said, and the run goes on."""
         self.save_steps(step, position)
-        if self.rollouts.interval and self.rollouts.path.exists():
-            try:
-                from tiny_grpo.view import write_page
-
-                write_page(self.rollouts.path.parent)
+        if self.main and self.rollouts.path.exists():
+            try:  # drawn by a child process: the run pays neither the page's memory nor its time
+                draw_in_background(self.rollouts.path.parent)
             except Exception as e:  # the page is a view of the log; the checkpoint is written
                 say(f"the run's page could not be written ({type(e).__name__}: {e}); the rollout log is in "
                     f"{self.rollouts.path}")
@@ -116,6 +114,7 @@ class Bookkeeping:
             except STOPS as e:  # Ctrl-C during the last save
                 stop = e
         self.rollouts.close()
+        finish_drawing()  # the page of the last checkpoint drawn before the run returns
         args = self.args  # a stop between the update and its report may have cut the step's evaluation short
         due = args.eval_interval and (self.step % args.eval_interval == 0 or self.step == args.max_steps)
         args.evaluation_owed = bool(not self.reported and due and self.step not in self.evals)

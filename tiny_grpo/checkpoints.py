@@ -8,9 +8,11 @@ import torch
 
 from tiny_grpo.data import FOLDER_FORMATS, hub_id
 from tiny_grpo.errors import InputError
+from tiny_grpo.files import write_atomically
 from tiny_grpo.models import PACKAGED_GEMMA, model_fingerprint, safetensors_problem
 from tiny_grpo.options import recorded_options
 from tiny_grpo.report import check_wandb
+from tiny_grpo.rollout_log import NAME as ROLLOUT_LOG
 from tiny_grpo.stopping import say
 
 HELD_LOCKS = {}  # run folder -> a descriptor of it; flock holds it while this process lives, however it ends
@@ -40,8 +42,12 @@ def claim_run(args, problem=None):
     owner = checkpoint_dir and (checkpoint_dir.parent.parent if aside else checkpoint_dir.parent)  # the run's folder
     if checkpoint_dir:
         args.run_name = args.run_name or owner.name  # keep logging into the same run
+    state = load_state_file(checkpoint_dir) if checkpoint_dir else {}
     # the held-out evaluation a stop cut short at the checkpoint's step: the resumed run makes it first (Bookkeeping)
-    args.evaluation_owed = bool(checkpoint_dir and load_state_file(checkpoint_dir).get("evaluation_owed"))
+    args.evaluation_owed = bool(state.get("evaluation_owed"))
+    # the starts whose rollout-log lines the checkpoint's branch holds (RolloutLog keeps those); None: not recorded
+    starts = state.get("log_starts") if checkpoint_dir else []
+    args.log_starts = starts if isinstance(starts, list) else None
     args.run_name = args.run_name or f"{args.experiment}-{time.strftime('%Y%m%d-%H%M%S')}"
     check_wandb(args)  # what W&B would refuse after the model loads
     run_dir = Path(args.checkpoint_path) / args.run_name
@@ -119,26 +125,30 @@ def lock_folder(folder):
         HELD_LOCKS[key] = lock
 
 def claim_log_folder(log_dir, run_dir, resuming_here):
-    """The TensorBoard folder holds one run's curves: the run whose checkpoints are in run_dir, as its file .run says.
-    Another run's events (the same --run-name under another --checkpoint-path) refuse it; the events of an earlier
-    start of this run that saved no checkpoint are moved aside (to superseded-TIME/), not mixed into this one's."""
+    """The log folder holds one run's curves and rollouts: the run whose checkpoints are in run_dir, as its file .run
+    says. Another run's events (the same --run-name under another --checkpoint-path) refuse it; what an earlier start
+    of this run that saved no checkpoint logged (its events, rollout log and page) is moved aside whole (to
+    superseded-TIME/), not mixed into this one's."""
     owner, record = str(run_dir.resolve()), log_dir / ".run"
     recorded = record.read_text() if record.is_file() else None
     events = list(log_dir.glob("events.out.tfevents.*"))
     if not resuming_here and (recorded not in (None, owner) or (recorded is None and events)):
         raise InputError(f"{log_dir} holds the TensorBoard events of another run ({recorded or 'not recorded'}): "
                          "choose another --run-name or --log-dir")
-    if events and not resuming_here:  # this run's own, from a start that saved no checkpoint
+    logged = events + [log_dir / name for name in (ROLLOUT_LOG, "rollouts.html") if (log_dir / name).exists()]
+    if logged and not resuming_here:  # this run's own, from a start that saved no checkpoint
         aside = new_aside_folder(log_dir)
-        for file in events:
+        for file in logged:
             os.replace(file, aside / file.name)
-        print(f"{log_dir}: an earlier start of this run saved no checkpoint; its events are moved to {aside}", file=sys.stderr)
-    record.write_text(owner)
+        print(f"{log_dir}: an earlier start of this run saved no checkpoint; its events and rollout log are moved to "
+              f"{aside}", file=sys.stderr)
+    write_atomically(record, owner)  # through a file of its own: never through a link left at .run
 
 def training_state(args, step, position):
     return {"step": step, "data_position": list(position), "run_name": args.run_name, "experiment": args.experiment,
             "args": recorded_options(args), "data": args.data_fingerprint, "model": getattr(args, "model_fingerprint", {}),
-            "evaluation_owed": getattr(args, "evaluation_owed", False)}  # a stop cut the step's evaluation short
+            "evaluation_owed": getattr(args, "evaluation_owed", False),  # a stop cut the step's evaluation short
+            "log_starts": getattr(args, "log_starts", None)}  # the rollout log's starts of this branch (RolloutLog)
 
 def data_fingerprint(path):
     """The training data whose position a checkpoint holds: its resolved path, and the size and SHA-256 of its

@@ -72,7 +72,7 @@ def scrub(text, url):
 def recorded_options(args):
     """The options as checkpoints and W&B record them: all of them, the reward service's credentials and query
     redacted, the data's fingerprint apart (training_state stores it)."""
-    return {**{k: v for k, v in vars(args).items() if k not in ("data_fingerprint", "model_fingerprint", "evaluation_owed")},
+    return {**{k: v for k, v in vars(args).items() if k not in ("data_fingerprint", "model_fingerprint", "evaluation_owed", "log_starts")},
             "reward_url": redact(args.reward_url)}
 
 def folder_name(text):

@@ -1,10 +1,10 @@
 """The rollout log, LOG_DIR/RUN_NAME/rollouts.jsonl: what each logged step sampled, scored and did to each token, one
 JSON record per line (docs/rollout-log.md), flushed as each step ends. python -m tiny_grpo.view draws it as a page."""
 
-import json, math, os, sys  # noqa: E401
+import json, math, os, sys, uuid  # noqa: E401
 from pathlib import Path
 
-import torch
+from tiny_grpo.files import write_atomically
 
 NAME = "rollouts.jsonl"
 TOKEN_VALUES = ("logp_old", "ratio", "clipped", "kl")  # grpo_loss' per-token values (StepStatistics' tokens)
@@ -26,40 +26,40 @@ def defaults(args):
 
 
 class RolloutLog:
-    """RolloutLog(args, resumed_step, weights): opens the log of a run (a resumed one first drops what a crashed run
-    wrote after its checkpoint, as TensorBoard's purge_step does), then .step(...) and .evaluation(...) append."""
+    """RolloutLog(args, resumed_step, weights): opens the log of a run (a resumed one first drops what other
+    branches of the run wrote, as TensorBoard's purge_step does; kept_lines) and appends this start's run record,
+    then .step(...) and .evaluation(...) append. With --log-rollouts 0 it only drops those lines. It sets
+    args.log_starts to the starts of this branch, this one last, which each checkpoint records (training_state)."""
 
     def __init__(self, args, resumed_step, weights=None, tokenizer=None):
         self.interval, self.groups = defaults(args)
         self.args, self.tokenizer, self.pieces, self.file = args, tokenizer, {}, None
         self.path = Path(args.log_dir) / args.run_name / NAME
-        if not self.interval:
+        self.start = uuid.uuid4().hex[:16]  # this start's id, in its run record and in its checkpoints' log_starts
+        try:
+            old = self.path.read_text(encoding="utf-8", errors="replace") if is_file(self.path) else None
+        except OSError as e:  # an unreadable log: this start logs nothing rather than lose it
+            self.failed(e)
             return
-        kept = []
-        if self.path.exists():
-            for line in self.path.read_text(encoding="utf-8", errors="replace").splitlines():
-                try:
-                    record = json.loads(line)
-                except ValueError:  # a line cut short by a crash
-                    continue
-                if record.get("kind") == "run" or record.get("step", 0) <= resumed_step:
-                    kept.append(line)
-        if not kept:
+        kept, starts = kept_lines(old or "", resumed_step, getattr(args, "log_starts", None))
+        args.log_starts = starts + [self.start]
+        if self.interval:  # the options this start samples and trains with, from the step it starts at
             kept.append(json.dumps({"kind": "run", "experiment": args.experiment, "run_name": args.run_name,
                                     "group_size": args.group_size, "clip_eps": getattr(args, "clip_eps", None),
                                     "kl_weight": args.kl_weight, "max_length": args.max_length,
-                                    "temperature": args.temperature, "reward_weights": dict(weights or {})},
-                                   ensure_ascii=False))
-        self.write_file(kept)
+                                    "temperature": args.temperature, "reward_weights": dict(weights or {}),
+                                    "start_step": resumed_step, "start": self.start}, ensure_ascii=False))
+        if self.interval or old is not None:  # the log off: the purge alone, no log made
+            self.write_file(kept)
 
     def write_file(self, lines):
-        """The log as these lines, replaced in one rename (a crash leaves the old or the new), then open to append."""
+        """The log as these lines, replaced in one rename, then open to append (unless logging is off): both in the
+        run's folder, whatever link a crashed or hostile start left at the log's names (write_atomically)."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            partial = self.path.with_name(NAME + ".partial")
-            partial.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-            os.replace(partial, self.path)
-            self.file = open(self.path, "a", encoding="utf-8")
+            write_atomically(self.path, "".join(line + "\n" for line in lines))
+            if self.interval:  # O_NOFOLLOW: a link put at the log's name since the rename is refused, not followed
+                self.file = open(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW), "a", encoding="utf-8")
         except OSError as e:
             self.failed(e)
 
@@ -119,6 +119,8 @@ class RolloutLog:
         """A held-out evaluation after `step` steps: its metrics and each completion, right or wrong."""
         if self.file is None or result is None:
             return
+        import torch
+
         right = result.terms.get("correctness", torch.zeros(len(result.completions)))
         self.write({"kind": "eval", "step": step, "metrics": {k: rounded(v) for k, v in metrics.items()},
                     "completions": [{"question": str(task.get("question", "")), "prompt": str(task["prompt"]),
@@ -148,3 +150,29 @@ class RolloutLog:
         if self.file is not None:
             self.file.close()
             self.file = None
+
+
+def is_file(path):
+    """A file of its own: a symbolic link at the log's name is no log of this run (its target is not read)."""
+    return path.is_file() and not path.is_symlink()
+
+
+def kept_lines(text, resumed_step, branch):
+    """(the lines of the log text that a start resuming from resumed_step keeps, the starts they belong to). branch:
+    the starts whose lines the checkpoint's branch holds (its log_starts: each start's lines follow its run record;
+    the lines before any record with a start are None's), [] for a fresh start; their lines up to resumed_step are
+    kept, a newer branch's are not. None, a checkpoint from before log_starts: every start's up to resumed_step."""
+    kept, starts, start = [], [], None
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:  # a line cut short by a crash
+            continue
+        if not isinstance(record, dict):
+            continue
+        run = record.get("kind") == "run"
+        start = record.get("start") if run else start
+        if (branch is None or start in branch) and (run or record.get("step", 0) <= resumed_step):
+            kept.append(line)
+            starts += [start] if start not in starts else []
+    return kept, starts

@@ -2,42 +2,78 @@
 from the run's rollouts.jsonl (docs/rollout-log.md): one self-contained file, its data embedded as JSON, that opens
 offline and makes no network request. It shows the learning curves, each logged step's groups sorted by advantage with
 every completion's tokens coloured by a quantity the reader picks (advantage x ratio, ratio, clipped, KL, log-prob),
-and the held-out evaluation's completions, right and wrong. A run calls write_page at each checkpoint and at its end.
+and the held-out evaluation's completions, right and wrong. A run draws it at each checkpoint and at its end;
+draw_in_background draws it in a child process, so that the run pays neither its memory nor its time.
 
+The log is read line by line, keeping only what the page can embed, so the memory needed does not grow with the log.
 Standard library only. Every text from the data reaches the page through textContent, never as HTML."""
 
-import argparse, contextlib, html, json, math, os, sys, tempfile  # noqa: E401
+import argparse, atexit, bisect, collections, contextlib, html, itertools, json, math, os  # noqa: E401
+import subprocess, sys  # noqa: E401
 from pathlib import Path
 
 from tiny_grpo.errors import InputError
+from tiny_grpo.files import write_atomically
 
 LOG_NAME, PAGE_NAME = "rollouts.jsonl", "rollouts.html"
 BUDGET = 8 * 2**20  # bytes of embedded data: the page stays under 10 MB
+CURVE_POINTS = 4000  # steps (and evaluations) reduced to their curve points kept at most, evenly spaced
+STARTS = 20  # a run's starts whose options the header shows at most: the first and the newest
 PER_TOKEN = ("tokens", "action", "logp_old", "ratio", "clipped", "kl")
+CUT = "Left out to keep this page under 10 MB:"
+
+# The shape of each kind of record the page reads (docs/rollout-log.md); a field may be absent or null, but a step's
+# number. A record of another shape is skipped and counted: one would stop the page's script.
+NUMBER, TEXT, FLAG, WHOLE, NUMBERS, LIST = ("a number", "a text", "true or false", "a whole number",
+                                            "an object of numbers", "a list")
+COMPLETION = {"text": TEXT, "reward": NUMBER, "terms": NUMBERS, "advantage": NUMBER, "truncated": FLAG,
+              **{name: LIST for name in PER_TOKEN}}
+SHAPES = {
+    "run": {"experiment": TEXT, "run_name": TEXT, "group_size": NUMBER, "clip_eps": NUMBER, "kl_weight": NUMBER,
+            "max_length": NUMBER, "temperature": NUMBER, "reward_weights": NUMBERS, "start_step": WHOLE},
+    "step": {"step": WHOLE, "scalars": NUMBERS, "groups": [{"index": NUMBER, "prompt": TEXT, "question": TEXT,
+                                                            "answer": TEXT, "rewards_equal": FLAG,
+                                                            "completions": [COMPLETION]}]},
+    "eval": {"step": WHOLE, "metrics": NUMBERS, "completions": [{"question": TEXT, "prompt": TEXT, "answer": TEXT,
+                                                                 "text": TEXT, "correct": FLAG, "terms": NUMBERS}]}}
 
 
-def read_log(path):
-    """(run, steps, evals, skipped) from a rollouts.jsonl: the first run record, the step and eval records by step
-    (a step logged twice keeps its last record), and how many lines did not parse (a crash mid-write leaves one)."""
-    run, steps, evals, skipped = {}, {}, {}, 0
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                record = _finite(json.loads(line))
-            except (ValueError, RecursionError):  # a line cut mid-write, or nested past reading
-                skipped += 1
-                continue
-            if not isinstance(record, dict):
-                skipped += 1
-                continue
-            kind, step = record.get("kind"), record.get("step")
-            if kind == "run" and not run:
-                run = record
-            elif kind in ("step", "eval") and isinstance(step, (int, float)) and not isinstance(step, bool):
-                (steps if kind == "step" else evals)[step] = record
-    return run, [steps[s] for s in sorted(steps)], [evals[s] for s in sorted(evals)], skipped
+def _is(value, kind):
+    if kind == TEXT:
+        return isinstance(value, str)
+    if kind == FLAG:
+        return isinstance(value, bool)
+    if kind == LIST:
+        return isinstance(value, list)
+    if kind == NUMBERS:
+        return isinstance(value, dict) and all(v is None or _is(v, NUMBER) for v in value.values())
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return number and isinstance(value, int) if kind == WHOLE else number
+
+
+def misshapen(record):
+    """Where a parsed line departs from the shape the page reads, as 'groups[0].completions: not a list'; None if
+    nowhere."""
+    if not isinstance(record, dict):
+        return "not an object"
+    if record.get("kind") not in SHAPES:
+        return "its kind is not run, step or eval"
+    if record["kind"] != "run" and record.get("step") is None:
+        return "no step"
+    return _departs(record, SHAPES[record["kind"]], "")
+
+
+def _departs(value, shape, path):
+    if isinstance(shape, list):
+        if not isinstance(value, list):
+            return f"{path}: not a list"
+        return next(filter(None, (_departs(v, shape[0], f"{path}[{i}]") for i, v in enumerate(value))), None)
+    if isinstance(shape, dict):
+        if not isinstance(value, dict):
+            return f"{path}: not an object"
+        return next(filter(None, (_departs(value[k], inner, f"{path}.{k}" if path else k)
+                                  for k, inner in shape.items() if value.get(k) is not None)), None)
+    return None if _is(value, shape) else f"{path}: not {shape}"
 
 
 def _finite(value):
@@ -60,97 +96,398 @@ def embed(data):
     return text.encode("utf-8", "backslashreplace")  # only a string can hold a lone surrogate: \udXXX is JSON there
 
 
+def _embedded(record):
+    """embed(record), a number JSON cannot hold (1e999 reads as inf) as null."""
+    try:
+        return embed(record)
+    except ValueError:
+        return embed(_finite(record))
+
+
 def _without(step, keys):
     """A copy of a step record whose completions lack keys (or whose groups are gone, keys None)."""
     if keys is None:
         return {**step, "groups": [], "groups_left_out": True}
-    groups = [{**g, "completions": [{k: v for k, v in c.items() if k not in keys} for c in g.get("completions") or []
-                                    if isinstance(c, dict)]} for g in step.get("groups") or [] if isinstance(g, dict)]
+    groups = [{**g, "completions": [{k: v for k, v in c.items() if k not in keys} for c in g.get("completions") or []]}
+              for g in step.get("groups") or []]
     return {**step, "groups": groups, "tokens_left_out": True}
 
 
-def _steps(numbers):
-    """[1, 2, 3, 5] -> '1-3, 5'."""
-    spans = []
-    for n in numbers:
-        if spans and n == spans[-1][1] + 1:
-            spans[-1][1] = n
+class Tally:
+    """The steps some part of was left out: how many, the first and the last (they go oldest first)."""
+
+    def __init__(self):
+        self.count, self.first, self.last = 0, None, None
+
+    def add(self, step):
+        self.count += 1
+        self.first = step if self.first is None else min(self.first, step)
+        self.last = step if self.last is None else max(self.last, step)
+
+    def __str__(self):
+        if self.count == 1:
+            return f"step {self.first}"
+        if self.count == self.last - self.first + 1:
+            return f"steps {self.first}-{self.last}"
+        return f"the {self.count:,} logged steps from {self.first} to {self.last}"
+
+
+class Entry:
+    """A record as the page may embed it: whole, lean (without per-token lists; the same bytes where it has none)
+    and bare (its curve points only); shown is the one the page embeds."""
+
+    __slots__ = ("step", "whole", "lean", "bare", "tokens", "shown")
+
+    def __init__(self, record):
+        self.step, self.whole = record["step"], _embedded(record)
+        if record["kind"] == "eval":
+            self.tokens, self.lean = False, self.whole
+            self.bare = _embedded({**record, "completions": [], "completions_left_out": True})
         else:
-            spans.append([n, n])
-    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans)
+            self.tokens = any(k in c for g in record.get("groups") or [] for c in g.get("completions") or []
+                              for k in PER_TOKEN)
+            self.lean = _embedded(_without(record, PER_TOKEN)) if self.tokens else self.whole
+            self.bare = _embedded(_without(record, None))
+        self.shown = self.whole
 
 
-def fit(steps, evals, budget=BUDGET):
-    """(steps, evals, notes): what fits in budget bytes of embedded JSON. Over it, the per-token lists of the oldest
-    steps go first, then the oldest steps' groups (their curves stay), then the oldest evaluations' completions;
-    notes say what was left out."""
-    steps, evals, notes = list(steps), list(evals), []
-    sizes = [len(embed(s)) for s in steps] + [len(embed(e)) for e in evals]
-    total = sum(sizes)
-    for stage, keys in (("per-token lists", PER_TOKEN), ("groups", None)):
-        cut = []
-        for i, step in enumerate(steps):
-            if total <= budget:
-                break
-            if keys is None or any(k in c for g in step.get("groups") or [] if isinstance(g, dict)
-                                   for c in g.get("completions") or [] if isinstance(c, dict) for k in keys):
-                steps[i] = _without(step, keys)
-                new = len(embed(steps[i]))
-                total, sizes[i] = total + new - sizes[i], new
-                cut.append(step["step"])
-        if cut:
-            notes.append(f"Left out to keep this page under 10 MB: the {stage} of step{'s' * (len(cut) > 1)} "
-                         f"{_steps(cut)}; {LOG_NAME} holds them.")
-    cut = []
-    for i, record in enumerate(evals):
+class Curve:
+    """Records reduced to their curve points, oldest first, at most 2 * CURVE_POINTS of them held: past that every
+    other one goes and the stride doubles, so the points stay evenly spaced and the memory does not grow with the run.
+    The newest is held aside, so that the curve always ends at the last."""
+
+    def __init__(self):
+        self.kept, self.stride, self.seen, self.newest = [], 1, 0, None
+
+    def add(self, entry):
+        if self.seen % self.stride:
+            self.newest = entry
+        else:
+            self.kept.append(entry)
+            self.newest = None
+        self.seen += 1
+        if len(self.kept) > 2 * CURVE_POINTS:
+            del self.kept[1::2]
+            self.stride *= 2
+
+    def insert(self, entry):
+        """One logged out of order: in its place."""
+        self.kept.insert(bisect.bisect([e.step for e in self.kept], entry.step), entry)
+        self.seen += 1
+
+    def drop(self, step):
+        """Forget the points of this step (logged again); whether any were held."""
+        held = len(self.kept) + (self.newest is not None)
+        self.kept = [e for e in self.kept if e.step != step]
+        if self.newest is not None and self.newest.step == step:
+            self.newest = None
+        return len(self.kept) + (self.newest is not None) < held
+
+    def __len__(self):
+        return len(self.kept) + (self.newest is not None)
+
+    def entries(self, most=None):
+        """The points held, or at most `most` of them, those nearest to evenly spaced steps from the first to the
+        last."""
+        points = self.kept + ([self.newest] if self.newest is not None else [])
+        if most is None or len(points) <= most:
+            return points
+        steps, picked = [e.step for e in points], set()
+        for i in range(most):
+            target = steps[0] + (steps[-1] - steps[0]) * i / (most - 1)
+            j = bisect.bisect_left(steps, target)
+            picked.add(j if j == 0 or (j < len(steps) and steps[j] - target < target - steps[j - 1]) else j - 1)
+        return [points[j] for j in sorted(picked)]
+
+    def keep(self, most):
+        """Hold at most `most` points, evenly spaced; the next ones are added to them."""
+        self.kept, self.newest, self.stride, self.seen = self.entries(most), None, 1, 0
+
+
+class Records:
+    """The step (or evaluation) records of a log as they stream in, each kept in as much detail as budget bytes of
+    page can hold, as fit cuts them at the end: the newest whole while their sum fits, older ones without their
+    per-token lists while those fit, older still reduced to their curve points. What is dropped here fit would have
+    cut too; what is held is at most twice the budget and the curve's points."""
+
+    def __init__(self, budget):
+        self.budget, self.count = budget, 0
+        self.points, self.lean, self.whole = Curve(), collections.deque(), collections.deque()
+        self.lean_size = self.whole_size = 0  # of the lean forms of lean and whole; of the whole forms of whole
+        self.cut_tokens, self.cut_groups, self.newest = Tally(), Tally(), None
+
+    def add(self, record):
+        entry = Entry(record)
+        if self.newest is not None and entry.step <= self.newest:
+            self._place(entry)
+        else:
+            self.whole.append(entry)
+            self.whole_size += len(entry.whole)
+            self.lean_size += len(entry.lean)
+            self.count, self.newest = self.count + 1, entry.step
+        while self.whole_size > self.budget:  # the oldest cannot be whole on the page: it keeps its lean form
+            self._lean(self.whole.popleft())
+        while self.lean_size > self.budget:  # nor lean: its curve points (lean is not empty: lean <= whole in each)
+            self._bare(self.lean.popleft())
+
+    def _lean(self, entry):
+        self.whole_size -= len(entry.whole)
+        entry.whole, entry.shown = None, entry.lean
+        if entry.tokens:
+            self.cut_tokens.add(entry.step)
+        self.lean.append(entry)
+
+    def _bare(self, entry):
+        self.lean_size -= len(entry.lean)
+        entry.lean = entry.shown = entry.bare
+        self.cut_groups.add(entry.step)
+        self.points.add(entry)
+
+    def _place(self, entry):
+        """A step logged twice keeps its last record; one logged out of order goes where its step is."""
+        replaced = self.points.drop(entry.step)
+        for queue in (self.whole, self.lean):
+            for old in [e for e in queue if e.step == entry.step]:
+                queue.remove(old)
+                self.whole_size -= len(old.whole or b"")
+                self.lean_size -= len(old.lean)
+                replaced = True
+        self.count += not replaced
+        points = self.points.entries()
+        if not (self.lean or points) or entry.step > (self.lean or points)[-1].step:  # newer than all cut: whole
+            self.whole.insert(bisect.bisect([e.step for e in self.whole], entry.step), entry)
+            self.whole_size += len(entry.whole)
+        elif not points or entry.step > points[-1].step:  # older than a lean one: lean at best
+            entry.whole, entry.shown = None, entry.lean
+            self.lean.insert(bisect.bisect([e.step for e in self.lean], entry.step), entry)
+        else:  # older than one reduced to its curve points: its curve points
+            entry.whole, entry.lean, entry.shown = None, entry.bare, entry.bare
+            self.points.insert(entry)
+            return
+        self.lean_size += len(entry.lean)
+
+    def held(self):
+        return self.points.entries() + list(self.lean) + list(self.whole)
+
+
+class Log:
+    """What the page shows of a rollouts.jsonl, read line by line (read_log): the run's starts, the step and eval
+    records in as much detail as fits, and the lines skipped."""
+
+    def __init__(self, budget=BUDGET):
+        self.steps, self.evals, self.starts = Records(budget), Records(budget), []
+        self.unparsed = self.misshapen = self.starts_left_out = 0
+        self.first_misshapen, self.unfinished = None, False
+
+    def add(self, line, number):
+        try:
+            record = json.loads(line, parse_constant=lambda word: None)  # NaN and Infinity: null
+            where = misshapen(record)
+            if where is None:
+                {"run": self.start, "step": self.steps.add, "eval": self.evals.add}[record["kind"]](record)
+        except (ValueError, RecursionError):  # a line cut mid-write, or nested past reading
+            if line.endswith("\n"):
+                self.unparsed += 1
+            else:  # the last, unfinished: a run writing it as the page is drawn, or one stopped mid-write
+                self.unfinished = True
+            return
+        if where is not None:
+            self.misshapen += 1
+            self.first_misshapen = self.first_misshapen or f"line {number}: {where}"
+
+    def start(self, record):
+        """A start of the run (its run record): the starts at or after the step it starts at are gone from the log
+        (a resumed run drops the steps after its checkpoint), so it takes their place."""
+        begin = record.get("start_step") or 0
+        self.starts = [s for s in self.starts if (s.get("start_step") or 0) < begin]
+        if not self.starts:  # the first start's steps are gone too: the log begins again here
+            self.starts_left_out = 0
+        self.starts.append(_finite(record))
+        if len(self.starts) > 2 * STARTS:  # the first and the newest are kept
+            self.starts_left_out += len(self.starts) - STARTS
+            self.starts = self.starts[:1] + self.starts[-(STARTS - 1):]
+
+
+def read_log(path, budget=BUDGET):
+    """The Log of a rollouts.jsonl, read a line at a time."""
+    log = Log(budget)
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, 1):
+            if line.strip():
+                log.add(line, number)
+    return log
+
+
+def fit(log, budget=BUDGET):
+    """(steps, evals, notes): the entries the page embeds, within budget bytes. Over it, the per-token lists of the
+    oldest steps go first, then the oldest steps' groups (their curves stay), then the oldest evaluations'
+    completions, then curve points, evenly (at most CURVE_POINTS steps or evaluations are reduced to theirs); notes
+    say what was left out."""
+    steps, evals, notes = log.steps, log.evals, []
+    steps.points.keep(CURVE_POINTS)  # a long run's curves first: the newest steps' groups are worth more
+    evals.points.keep(CURVE_POINTS)
+    total = len(embed(log.starts)) + sum(len(e.shown) for e in steps.held() + evals.held())
+    for e in list(steps.lean) + list(steps.whole):
         if total <= budget:
             break
-        evals[i] = {**record, "completions": [], "completions_left_out": True}
-        new = len(embed(evals[i]))
-        total, sizes[len(steps) + i] = total + new - sizes[len(steps) + i], new
-        cut.append(record["step"])
-    if cut:
-        notes.append(f"Left out to keep this page under 10 MB: the completions of the held-out evaluation"
-                     f"{'s' * (len(cut) > 1)} at step{'s' * (len(cut) > 1)} {_steps(cut)}; {LOG_NAME} holds them.")
-    return steps, evals, notes
+        if e.tokens and e.shown is e.whole:
+            total += len(e.lean) - len(e.shown)
+            e.shown = e.lean
+            steps.cut_tokens.add(e.step)
+    for records in (steps, evals):
+        while (records.lean or records.whole) and total > budget:
+            e = (records.lean or records.whole).popleft()
+            # its curve point adds to the page while the curves hold fewer than CURVE_POINTS; then it takes the
+            # place of another
+            total += (len(e.bare) if len(records.points) < CURVE_POINTS else 0) - len(e.shown)
+            e.shown = e.bare
+            records.cut_groups.add(e.step)
+            records.points.add(e)
+    if steps.cut_tokens.count:
+        notes.append(f"{CUT} the per-token lists of {steps.cut_tokens}; {LOG_NAME} holds them.")
+    if steps.cut_groups.count:
+        notes.append(f"{CUT} the groups of {steps.cut_groups}; {LOG_NAME} holds them.")
+    if evals.cut_groups.count:
+        notes.append(f"{CUT} the completions of the held-out evaluation{'s' * (evals.cut_groups.count > 1)} at "
+                     f"{str(evals.cut_groups).replace('logged steps', 'steps')}; {LOG_NAME} holds them.")
+    shown, sizes = [], lambda entries: sum(len(e.shown) for e in entries)
+    total = len(embed(log.starts)) + sizes(steps.held()) + sizes(evals.held())
+    for records, what in ((steps, "steps"), (evals, "held-out evaluations")):
+        total -= sizes(records.points.entries())
+        most = CURVE_POINTS
+        kept = records.points.entries(most)
+        while total + sizes(kept) > budget and most > 2:  # fewer points while over the budget
+            most //= 2
+            kept = records.points.entries(most)
+        total += sizes(kept)
+        if len(kept) < records.cut_groups.count:
+            notes.append(f"{CUT} the curve points of {records.cut_groups.count - len(kept):,} of the "
+                         f"{records.cut_groups.count:,} {what} whose {'groups' if what == 'steps' else 'completions'} "
+                         f"were left out (the curves keep {len(kept):,} of them, evenly spaced, the first and the "
+                         f"last among them); {LOG_NAME} holds them.")
+        shown.append(kept + list(records.lean) + list(records.whole))
+    return shown[0], shown[1], notes
 
 
 def write_page(run_folder, output=None):
     """Write the run's page (run_folder/rollouts.html, or output) from run_folder/rollouts.jsonl and return its path.
-    A line that does not parse (a crash mid-write) is skipped and counted on the page. The page replaces the old one
-    in one rename, so a reader never opens half of it. InputError: no such folder, or no rollouts.jsonl in it."""
+    A line that does not parse (a crash mid-write), or a record of another shape than the page reads, is skipped and
+    counted on the page. The page replaces the old one in one rename of a new file made beside it, so a reader never
+    opens half of it, and a name planted there is not written through. InputError: no such folder, no rollouts.jsonl
+    in it, or an output that is the log itself."""
     folder = Path(run_folder)
     if not folder.is_dir():
         raise InputError(f"{folder}: {'not a folder' if folder.exists() else 'no such run folder'}")
-    log = folder / LOG_NAME
-    if not log.is_file():
+    log_path = folder / LOG_NAME
+    if not log_path.is_file():
         raise InputError(f"{folder}: no {LOG_NAME} in it (a run writes one with --log-rollouts > 0)")
-    try:
-        run, steps, evals, skipped = read_log(log)
-    except OSError as e:
-        raise InputError(f"{log}: cannot be read ({e.strerror or e})")
-    steps, evals, notes = fit(steps, evals)
-    if skipped:
-        notes.append(f"{skipped} line{'s' * (skipped > 1)} of {LOG_NAME} did not parse and {'were' if skipped > 1 else 'was'} "
-                     "skipped (a run stopped mid-write leaves one).")
-    title = html.escape(f"GRPO rollouts: {run.get('run_name') or folder.name}")
-    data = embed({"run": run, "steps": steps, "evals": evals, "notes": notes, "folder": folder.name})
-    head, tail = PAGE.split("{data}")
-    page = head.replace("{title}", title).encode("utf-8") + data + tail.encode("utf-8")
     target = Path(output) if output else folder / PAGE_NAME
-    temporary = None
+    with contextlib.suppress(OSError):  # a target not there yet is not the log
+        if os.path.samefile(target, log_path):
+            raise InputError(f"{target}: is the {LOG_NAME} the page reads; give --output another file")
     try:
-        with tempfile.NamedTemporaryFile("wb", dir=target.parent, prefix=f".{target.name}.", delete=False) as f:
-            temporary = f.name
-            f.write(page)
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, target)
+        log = read_log(log_path)
     except OSError as e:
-        if temporary:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
+        raise InputError(f"{log_path}: cannot be read ({e.strerror or e})")
+    page = render(log, folder)
+    try:
+        write_atomically(target, page)  # a new file made in the folder: no name planted beforehand is written through
+    except OSError as e:
         raise InputError(f"{target}: cannot be written ({e.strerror or e})")
     return target
+
+
+def render(log, folder):
+    """The page's bytes, a piece at a time: PAGE with the data embedded, each record's embedded form in turn."""
+    steps, evals, notes = fit(log)
+    if log.starts_left_out:
+        notes.append(f"The options of {log.starts_left_out} of the run's starts are left out of the header (the first "
+                     f"and the newest {STARTS - 1} are shown).")
+    if log.unparsed:
+        notes.append(f"{log.unparsed} line{'s' * (log.unparsed > 1)} of {LOG_NAME} did not parse and "
+                     f"{'were' if log.unparsed > 1 else 'was'} skipped (a run stopped mid-write leaves one).")
+    if log.unfinished:
+        notes.append(f"The last line of {LOG_NAME} is unfinished and was skipped (the run was writing it, or stopped "
+                     "mid-write).")
+    if log.misshapen:
+        notes.append(f"{log.misshapen} record{'s' * (log.misshapen > 1)} of {LOG_NAME} ({log.first_misshapen}"
+                     f"{', the first' if log.misshapen > 1 else ''}) {'were' if log.misshapen > 1 else 'was'} not of "
+                     "the shape docs/rollout-log.md gives and skipped.")
+    run = log.starts[0] if log.starts else {}
+    head, tail = PAGE.split("{data}")
+    title = html.escape(f"GRPO rollouts: {run.get('run_name') or folder.name}")
+    return itertools.chain((head.replace("{title}", title).encode("utf-8"), b'{"run":', embed(run), b',"runs":',
+                            embed(log.starts), b',"steps":['), _joined(e.shown for e in steps), (b'],"evals":[',),
+                           _joined(e.shown for e in evals),
+                           (b'],"steps_logged":', embed(log.steps.count), b',"notes":', embed(notes), b',"folder":',
+                            embed(folder.name), b"}", tail.encode("utf-8")))
+
+
+def _joined(parts):
+    """parts with a comma between each two, never all in one piece (a page is written a record at a time)."""
+    for i, part in enumerate(parts):
+        yield b"," + part if i else part
+
+
+_drawers = {}  # run folder -> the child process that draws its page when asked
+
+
+def draw_in_background(run_folder):
+    """Ask a child process (python -m tiny_grpo.view RUN_FOLDER --on-request) to draw the run's page, and return it
+    at once: the run pays neither the page's memory nor its time. One child per run folder draws one page at a time;
+    the requests made while it draws are drawn once, after. At exit the run waits for the last page (finish_drawing)."""
+    folder = Path(run_folder).resolve()
+    for attempt in (1, 2):
+        child = _drawers.get(folder)
+        if child is None or child.poll() is not None:  # none yet, or it ended (killed): a new one
+            _let_go(child)
+            child = _drawers[folder] = subprocess.Popen(
+                [sys.executable, "-m", "tiny_grpo.view", str(folder), "--on-request"], stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL, cwd=Path(__file__).resolve().parent.parent,
+                start_new_session=True)  # a terminal's Ctrl-C goes to the run alone, whose last page it still draws
+        try:
+            child.stdin.write(b"d")
+            child.stdin.flush()
+            return child
+        except OSError:  # it ended since (its pipe is closed): a new one
+            _let_go(_drawers.pop(folder))
+            if attempt == 2:
+                raise
+
+
+def _let_go(child):
+    if child is not None:
+        with contextlib.suppress(OSError):
+            child.stdin.close()
+
+
+def finish_drawing(timeout=120):
+    """Tell each drawing child that no request follows, and wait (at most timeout seconds each) for the page it owes:
+    a run's last page is drawn when it exits. A child still drawing then finishes on its own."""
+    while _drawers:
+        folder, child = _drawers.popitem()
+        with contextlib.suppress(OSError, ValueError):
+            child.stdin.write(b"q")
+            child.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout)
+
+
+atexit.register(finish_drawing)  # a run's last page drawn before it exits
+
+
+def draw_on_request(run_folder, requests):
+    """The child's side of draw_in_background: each read from the requests pipe draws the page once, however many
+    requests it holds (those made while the last page was drawn); a 'q' (the run's exit) or the pipe's end stops it."""
+    while True:
+        asked = os.read(requests, 4096)
+        if asked.replace(b"q", b""):
+            try:
+                write_page(run_folder)
+            except Exception as e:  # the page is a view of the log: say why, and draw the next one
+                print(f"error: the run's page could not be drawn ({type(e).__name__}: {e})", file=sys.stderr)
+        if not asked or b"q" in asked:
+            return 0
 
 
 def main(argv=None):
@@ -158,7 +495,11 @@ def main(argv=None):
                                 "RUN_FOLDER/rollouts.html, from its rollouts.jsonl (docs/rollout-log.md).")
     p.add_argument("run_folder", metavar="RUN_FOLDER", help="LOG_DIR/RUN_NAME, the folder holding rollouts.jsonl")
     p.add_argument("--output", metavar="FILE", help="write the page here instead of RUN_FOLDER/rollouts.html")
+    p.add_argument("--on-request", action="store_true", help="draw the page again at each request read from standard "
+                   "input, until a 'q' or its end (what a run's draw_in_background starts)")
     args = p.parse_args(argv)
+    if args.on_request:
+        return draw_on_request(args.run_folder, sys.stdin.fileno())
     try:
         path = write_page(args.run_folder, args.output)
     except InputError as e:
@@ -177,7 +518,8 @@ PAGE = """<!DOCTYPE html>
 body { font: 14px/1.4 system-ui, sans-serif; margin: 1em 2em; color: #222; max-width: 1400px; }
 h1 { font-size: 1.3em; } h2 { font-size: 1.15em; margin-top: 1.5em; border-bottom: 1px solid #ccc; }
 .muted, .ctx { color: #888; } .note { background: #fff6d5; padding: .3em .6em; }
-table.opts td { padding: 0 1em 0 0; }
+table.opts td, table.opts th { padding: 0 1em 0 0; text-align: left; font-weight: normal; }
+table.opts th.current { font-weight: 600; background: #eef4ff; }
 #charts { display: flex; flex-wrap: wrap; gap: 1em; }
 .chart { border: 1px solid #ddd; padding: .3em; } .chart h3 { font-size: 1em; margin: 0; }
 .chart svg { display: block; } .pt { cursor: pointer; } .legend span { margin-right: 1em; white-space: nowrap; }
@@ -241,17 +583,37 @@ function fmt(x) {
 const signed = x => isNum(x) && x > 0 ? "+" + fmt(x) : fmt(x);
 const at = (list, t) => Array.isArray(list) && isNum(list[t]) ? list[t] : null;
 const run = D.run || {}, steps = D.steps || [], evals = D.evals || [];
+const runs = D.runs && D.runs.length ? D.runs : [run];  // each start of the run (a resume is one), oldest first
+const started = r => isNum(r.start_step) ? r.start_step : 0;
+// the start whose options held at a step: step N is the N-th update, made by the newest start before it
+const startAt = step => runs.reduce((found, r, i) => started(r) < step ? i : found, 0);
+const runAt = step => runs[startAt(step)];
 
-// Header: the run, its options, what the page left out.
+// Header: the run, each start's options (the selected step's marked), what the page left out.
 $("title").textContent = "GRPO rollouts: " + (run.run_name || D.folder || "") + (run.experiment ? " (" + run.experiment + ")" : "");
 for (const n of D.notes || []) el("p", "note", n, $("notes"));
-const opts = [["group size", run.group_size], ["clip eps", run.clip_eps], ["KL weight", run.kl_weight],
-  ["max length", run.max_length], ["temperature", run.temperature],
-  ["reward weights", Object.entries(run.reward_weights || {}).map(([k, v]) => k + "=" + fmt(v)).join(", ")],
-  ["steps logged", steps.length], ["held-out evaluations", evals.length]];
-for (const [k, v] of opts) {
-  if (v === undefined || v === null || v === "") continue;
-  const tr = el("tr", null, null, $("opts")); el("td", "muted", k, tr); el("td", null, typeof v === "number" ? fmt(v) : v, tr);
+const OPTIONS = [["group size", r => r.group_size], ["clip eps", r => r.clip_eps], ["KL weight", r => r.kl_weight],
+  ["max length", r => r.max_length], ["temperature", r => r.temperature],
+  ["reward weights", r => Object.entries(r.reward_weights || {}).map(([k, v]) => k + "=" + fmt(v)).join(", ")]];
+function header() {
+  const table = $("opts"), cur = steps[+$("step").value], now = cur ? startAt(cur.step) : runs.length - 1;
+  const cell = (tr, i, v) => el(i === now && runs.length > 1 ? "th" : "td", i === now && runs.length > 1 ? "current" : null,
+    typeof v === "number" ? fmt(v) : v, tr);
+  table.textContent = "";
+  if (runs.length > 1) {
+    const tr = el("tr", null, null, table); el("td", null, "", tr);
+    runs.forEach((r, i) => cell(tr, i, (i || started(r) ? "resumed at step " : "started at step ") + started(r)));
+  }
+  for (const [k, get] of OPTIONS) {
+    const values = runs.map(get);
+    if (values.every(v => v === undefined || v === null || v === "")) continue;
+    const tr = el("tr", null, null, table); el("td", "muted", k, tr);
+    values.forEach((v, i) => cell(tr, i, v));
+  }
+  for (const [k, v] of [["steps logged", isNum(D.steps_logged) ? D.steps_logged : steps.length],
+      ["held-out evaluations", evals.length]]) {
+    const tr = el("tr", null, null, table); el("td", "muted", k, tr); el("td", null, String(v), tr).colSpan = runs.length;
+  }
 }
 
 // Learning curves: one point per logged step (held-out accuracy: per evaluation).
@@ -263,7 +625,7 @@ function curves() {
   const charts = [];
   const total = pick(/^rollout\\/reward_mean$/, /^reward\\/(total|mean)$/, /^reward(_mean)?$/, /reward_mean$/);
   // the run's terms where it names them; else every reward_X but the statistics and shares
-  const weights = Object.keys(run.reward_weights || {});
+  const weights = [...new Set(runs.flatMap(r => Object.keys(r.reward_weights || {})))];
   const terms = weights.length ? names.filter(n => weights.some(t => n === "rollout/reward_" + t || n === "reward/" + t))
     : names.filter(n => /^(rollout\\/reward_|reward\\/)/.test(n) && n !== total && !/share/.test(n)
       && !/(_|\\/)(mean|std|min|max|total)$/.test(n));
@@ -358,7 +720,7 @@ $("next").addEventListener("click", () => move(1));
 const diverging = x => x >= 0 ? "rgba(37,99,235," + Math.min(x, 1) * 0.8 + ")" : "rgba(220,38,38," + Math.min(-x, 1) * 0.8 + ")";
 const sequential = x => "rgba(126,34,206," + Math.max(0, Math.min(x, 1)) * 0.75 + ")";
 function scales(step) {
-  const s = {ar: 0, kl: 0, logp: 0, ratio: run.clip_eps || 0.2};
+  const s = {ar: 0, kl: 0, logp: 0, ratio: runAt(step.step).clip_eps || 0.2};
   for (const g of step.groups || []) for (const c of g.completions || []) {
     (c.ratio || []).forEach((r, t) => { if (isNum(r) && isNum(c.advantage)) s.ar = Math.max(s.ar, Math.abs(c.advantage * r)); });
     (c.kl || []).forEach(k => { if (isNum(k)) s.kl = Math.max(s.kl, k); });
@@ -472,7 +834,7 @@ function renderEval() {
     }
   }
 }
-function render() { drawCharts(); renderGroups(); renderEval(); }
+function render() { header(); drawCharts(); renderGroups(); renderEval(); }
 render();
 </script>
 </body></html>
