@@ -1,11 +1,12 @@
 """The reward terms from outside a train.py: --reward-fn's function, run in a process of its own and each call timed,
 and --reward-url's service, each answer checked."""
 
-import base64, inspect, json, math, os, pickle, pkgutil, signal, socket, subprocess, sys, threading, time  # noqa: E401
-import traceback, urllib3, weakref  # noqa: E401
+import base64, importlib.machinery, importlib.util, inspect, json, math, os, pickle, pkgutil, signal  # noqa: E401
+import socket, subprocess, sys, sysconfig, threading, time, traceback, urllib3, weakref  # noqa: E401
 from multiprocessing.connection import Connection
 
 from tiny_grpo.errors import InputError, RewardError
+from tiny_grpo.stopping import say
 
 # tiny_grpo.options (and with it torch) is imported where a reward service is asked, not here: the --reward-fn worker
 # process imports this module, and starts in a fifth of a second without torch instead of two and a half with it
@@ -54,8 +55,15 @@ def load_reward_fn(spec, timeout=60.0):
 # completion as each is scored, so that each call has its own deadline, counted from the previous answer. It is
 # started by subprocess (fork then exec, at once: no lock held by a thread of the run, such as torch's, can be
 # inherited half taken, as by multiprocessing's fork) with `python -c WORKER`, which imports the function by its spec
-# in a fresh interpreter. It is killed at a deadline, a failure or an interrupt, and started again at the next call.
+# in a fresh interpreter. It is killed at a deadline, a failure or an interrupt, and started again at the next call;
+# and with it every process its function started (generated code run in a subprocess): it leads a session, and so a
+# process group, of its own, and the whole group is killed.
 WORKER = "import sys; sys.path[:] = sys.argv[2:]; from tiny_grpo.rewards import serve; serve(int(sys.argv[1]))"
+
+# The worker's import of the function's module is bounded too, if generously: a module whose top level starts a server
+# or a loop never returns. It may take the longer of one call's deadline (--reward-fn-timeout) and IMPORT_SECONDS (a
+# reward model loaded at import); after NOTICE_SECONDS one line says what is being imported.
+IMPORT_SECONDS, NOTICE_SECONDS = 600, 10
 
 class RewardFunction:
     """--reward-fn's function, called in its worker process: see above, and serve() for the worker's side."""
@@ -81,7 +89,7 @@ class RewardFunction:
         self.stop = weakref.finalize(self, stop_worker, self.process, self.connection)
         try:
             self.connection.send((self.spec, os.getpid()))
-            said = self.connection.recv()  # no deadline: an import may take long, and Ctrl-C still stops the run
+            said = self.imported()
         except (EOFError, OSError):
             said = f"--reward-fn {self.spec}: its process ended while importing it ({ended(self.process)})"
         except BaseException:
@@ -90,6 +98,20 @@ class RewardFunction:
         if said is not None:
             self.stop()
             raise InputError(said)
+
+    def imported(self):
+        """The worker's word once it has imported the function: None, or why it cannot be called; or why it has not
+        within the bound (see IMPORT_SECONDS). Ctrl-C still stops the run meanwhile: poll waits in select()."""
+        module_name = self.spec.partition(":")[0]
+        bound = max(self.timeout, IMPORT_SECONDS)
+        if not self.connection.poll(min(NOTICE_SECONDS, bound)):
+            say(f"still importing {module_name} (--reward-fn {self.spec}) after {NOTICE_SECONDS:g} s; it may take up "
+                f"to {bound:g} s")
+            if not self.connection.poll(max(0, bound - NOTICE_SECONDS)):
+                return (f"--reward-fn {self.spec}: importing {module_name} took more than {bound:g} s (the longer of "
+                        f"--reward-fn-timeout and {IMPORT_SECONDS:g} s): does its top level start something that never "
+                        "ends, a server or a loop? Move that under `if __name__ == \"__main__\":`")
+        return self.connection.recv()
 
     def __call__(self, completion, answer, metadata):
         return self.many([completion], [answer], [metadata])[0]
@@ -143,11 +165,15 @@ class RewardFunction:
         return RewardError(f"--reward-fn {self.spec} failed on completion {completion[:300]!r} (answer {answer!r}): {why}")
 
 def stop_worker(process, connection):
-    """Kill a worker and collect it (SIGKILL: it may be busy in C, or ignore every other signal)."""
+    """Kill a worker and the processes its function started, and collect it (SIGKILL: it may be busy in C, or ignore
+    every other signal). It leads a process group of its own (start_new_session), which they are in unless they left
+    it (a daemon's setsid): killing the group leaves no `sleep 4242` of a reward's generated code running on."""
     connection.close()
-    if process.poll() is None:
-        process.kill()
-        process.wait()
+    try:  # the group's id is its leader's pid, not reused while any process of the group lives, even once the worker
+        os.killpg(process.pid, signal.SIGKILL)  # is collected (after it ended by itself: os._exit, a crash)
+    except (ProcessLookupError, PermissionError):  # none of them is left (and that id went to another user's group)
+        pass
+    process.wait()
 
 def ended(process):
     """How a worker that stopped answering ended: 'its process ended with exit code 3' or '... was killed by SIGSEGV'."""
@@ -176,6 +202,7 @@ def serve(fd):
     # processes would inherit). The run kills this process when it stops.
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
         signal.signal(signum, lambda signum, frame: None)
+    sys.stdout, sys.stderr = (Unbroken(stream) if stream is not None else None for stream in (sys.stdout, sys.stderr))
     os.set_inheritable(fd, False)  # the function's own child processes (os.system) must not keep the socket open
     connection = Connection(fd)
     spec, run = connection.recv()
@@ -207,6 +234,38 @@ def serve(fd):
             except (OSError, ValueError):
                 pass
 
+class Unbroken:
+    """The worker's sys.stdout or sys.stderr, the run's own: what the function prints is seen while the run's output
+    is read, and dropped once its reader has gone (`train.py | head`, `| less` then q), where print would raise
+    BrokenPipeError in the function and fail its reward. (The run's own output outlives a closed pipe too.)"""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text):
+        try:
+            return self.stream.write(text)
+        except BrokenPipeError:
+            self.reader_gone()
+            return len(text)
+
+    def flush(self):
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            self.reader_gone()
+
+    def reader_gone(self):
+        """Point the stream's file descriptor at /dev/null: what is left in its buffer, what is printed later, and
+        what the function's own child processes write there is dropped without an error."""
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self.stream.fileno())
+        os.close(devnull)
+        self.stream.flush()
+
+    def __getattr__(self, name):  # isatty, fileno, encoding, buffer: the stream's own
+        return getattr(self.stream, name)
+
 def die_with(run):
     """Have the kernel kill this process when the run's process ends, by kill -9 even (Linux's PR_SET_PDEATHSIG):
     else a worker busy in C outlives it. (The kernel watches the thread that started the worker: the run calls the
@@ -227,10 +286,12 @@ def resolve_reward_fn(spec):
         function = pkgutil.resolve_name(spec)
     except BaseException as e:  # an AttributeError once the module is in: the function is not in it; sys.exit too
         if not (isinstance(e, AttributeError) and module_name in sys.modules):
-            raise InputError(f"--reward-fn {spec}: cannot import {module_name}: {type(e).__name__}: {e}")
+            raise named_like_stdlib(spec) or InputError(f"--reward-fn {spec}: cannot import {module_name}: "
+                                                        f"{type(e).__name__}: {e}")
         function = None
     if not callable(function):
-        raise InputError(f"--reward-fn {spec}: {module_name} has no function {function_name!r}")
+        raise named_like_stdlib(spec) or InputError(f"--reward-fn {spec}: {module_name} has no function "
+                                                    f"{function_name!r}")
     try:  # called as function(completion, answer, metadata): a wrong signature fails now, not after the model loads
         inspect.signature(function).bind("completion", "answer", {})
     except TypeError as e:
@@ -239,6 +300,25 @@ def resolve_reward_fn(spec):
     except ValueError:  # a built-in without a signature: its first call will tell
         pass
     return function
+
+def named_like_stdlib(spec):
+    """InputError saying that the standard library's module was imported instead of the user's file of the same name
+    (a gc.py or json.py beside the run: Python's own modules are found first), or None where no such file is on
+    sys.path."""
+    name = spec.partition(":")[0].partition(".")[0]
+    if name not in sys.stdlib_module_names:
+        return None
+    library = os.path.join(sysconfig.get_paths()["stdlib"], "")
+    standard = importlib.util.find_spec(name)  # what `import name` takes: built-in, frozen or in the library
+    if standard is None:  # not in this Python (winreg on Linux): a file of that name is imported, and is the user's
+        return None
+    for folder in sys.path:
+        found = importlib.machinery.PathFinder.find_spec(name, [folder])
+        where = found and (found.origin or next(iter(found.submodule_search_locations or []), None))
+        if where and where != standard.origin and not os.path.abspath(where).startswith(library):
+            return InputError(f"--reward-fn {spec}: {name} is the standard library's module, imported instead of your "
+                              f"{where}: rename that file")
+    return None
 
 def call_reward_fn(function, completion, answer, metadata):
     """One call, in the worker: ("value", a finite float), ("not a number", what it returned) or ("failed", why)."""
