@@ -20,14 +20,14 @@ OUT/learning.json, and the curves as a figure (benchmarks/figures/learning.png, 
 
 Accuracy is the figure that counts, and the sampled completions say whether it is real: format
 compliance alone can be won without learning anything, and so can accuracy, by a constant answer (the
-README's count_words run). On --task sequence the samples are also read by `faithful`, a checker of this
-benchmark's own (no reward sees it): of the right answers, the share whose reasoning states the true step and
-a true last addition. The minutes are each run's wall time, the model loading and every evaluation included.
+README's count_words run). On --task sequence the samples are also read by `faithful`, tiny_grpo/skill.py's
+checker (no reward sees it): of the right answers, the share whose reasoning computes them (the true step added to
+the last term, or the sequence written on term by term to the answer). The minutes are each run's wall time, the
+model loading and every evaluation included.
 """
 
 import argparse
 import json
-import re
 import statistics
 import subprocess
 import sys
@@ -35,6 +35,7 @@ import textwrap
 import time
 
 from common import ROOT, load_experiment, machine, output_file, output_folder, resolved_dtype, scalars
+from tiny_grpo import skill
 
 TASKS = list(load_experiment().TASKS)  # experiment_base's --task choices
 RESULTS, FIGURE = ROOT / "benchmarks" / "results", ROOT / "benchmarks" / "figures" / "learning.png"
@@ -119,18 +120,11 @@ def plot(lines, path, title):
     figure.savefig(path, dpi=100)
 
 
-def faithful(question, completion):
-    """On --task sequence: does the reasoning state the true step ("each number is 7 more") and a true last addition
-    (last term + step = the next, in either order)? The reward never sees this; it says whether right answers
+def faithful(question, completion, task="sequence"):
+    """Whether the completion's reasoning computes its answer: tiny_grpo/skill.py's `faithful` (None where a task's
+    reasoning cannot be checked, every task but sequence). The reward never sees this; it says whether right answers
     come with right reasons."""
-    terms = [int(t) for t in re.findall(r"-?\d+", question.split(":", 1)[-1])]
-    step, last = terms[1] - terms[0], terms[-1]
-    reasoning = completion.split("</think>")[0]
-    steps_said = [int(n) for n in re.findall(r"(-?\d+) more than", reasoning)]
-    sums = re.findall(r"(-?\d+)\s*\+\s*(-?\d+)\s*=\s*(-?\d+)", reasoning)
-    last_sum = sums[-1] if sums else None
-    return (steps_said[-1:] == [step] and last_sum is not None and sorted(map(int, last_sum[:2])) == sorted([last, step])
-            and int(last_sum[2]) == last + step)
+    return skill.faithful(task, question, completion)
 
 
 def sample_at_end(args, checkpoint, train_args, seed):
@@ -179,11 +173,12 @@ def train(args, seed, run_name):
     samples = sample_at_end(args, checkpoint, args.train_args, seed) if args.samples else []
     right = [s for s in samples if s["correct"]]
     reasoning = None
-    if args.task == "sequence" and samples:
-        for s in samples:
-            s["faithful"] = faithful(s["question"], s["completion"])
-        reasoning = {"right": len(right), "faithful": sum(s["faithful"] for s in right),
-                     "share": sum(s["faithful"] for s in right) / len(right) if right else None}
+    verdicts = [faithful(s["question"], s["completion"], args.task) for s in samples]
+    if any(verdict is not None for verdict in verdicts):  # a task whose reasoning can be checked (sequence)
+        for s, verdict in zip(samples, verdicts):
+            s["faithful"] = verdict
+        computed = sum(bool(s["faithful"]) for s in right)  # None (a question it cannot read) is not computed
+        reasoning = {"right": len(right), "faithful": computed, "share": computed / len(right) if right else None}
     return {"seed": seed, "before": before, "after": after, "gain": after["accuracy"] - before["accuracy"],
             "minutes": minutes, "samples": samples, "reasoning": reasoning, "curves": curves, "command": command}
 

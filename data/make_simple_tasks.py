@@ -13,9 +13,12 @@ Each line is {"question", "answer", "kind"}; `--filter kind=compare` keeps one k
 The same seed writes the same bytes, and no held-out question appears in the training file.
 
 --kind K writes one kind alone, to data/K.jsonl and data/K_eval.jsonl. Two are tasks of the experiments:
-`--task sequence` (the CPU default: counting by 2, 3, 4, 5 or 10, whose 200 questions are split 100 / 100)
-and `--task count_words`, chosen because the packaged model sometimes answers them right but rarely at its
-first guess (README, "Candidates for a task the packaged model can learn").
+`--task sequence` (the CPU default) and `--task count_words`, chosen because the packaged model sometimes answers
+them right but rarely at its first guess (README, "Candidates for a task the packaged model can learn").
+--kind sequence trains on counting by 2, 3, 4, 5 or 10 from a multiple of the step (--train-rows of those 200
+questions) and holds out sequences that no guess passes (`held_out_sequences`: steps from 6 to 41 that no training
+row has, first terms that are no multiple of the step, no round answer), so that held-out accuracy is the skill, not a
+shortcut of the training rows (in which the next multiple of 10 above the last term is right 41 times in 100).
 
     python data/make_simple_tasks.py                   # 1,500 training + 900 held-out rows, every kind
     python data/make_simple_tasks.py --kind sequence --train-rows 100 --eval-rows 100
@@ -29,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tasklib.py, next to this script
 from tasklib import check_sizes, split_parser, unique_split, write_split  # noqa: E402
 import random  # noqa: E402
+from collections import Counter  # noqa: E402
 
 NAMES = ["Mia", "Leo", "Ava", "Sam", "Zoe", "Max", "Ivy", "Ben", "Eva", "Tom"]
 ITEMS = ["apples", "pencils", "stickers", "marbles", "books", "cookies", "shells", "cards"]
@@ -44,7 +48,7 @@ VOCABULARY = ["the", "dog", "cat", "ran", "home", "a", "big", "red", "ball", "sa
 UNITS = [("minutes", "hours", 60), ("hours", "days", 24), ("days", "weeks", 7), ("months", "years", 12),
          ("centimeters", "meters", 100), ("grams", "kilograms", 1000), ("seconds", "minutes", 60), ("eggs", "dozens", 12)]
 KINDS = ("word_problem", "compare", "count_letters", "count_words", "next_number", "unit_conversion")  # the default mix
-SEQUENCES = 200  # distinct questions of the kind sequence: 5 steps x 20 starts x 2 lengths
+SEQUENCES = 200  # distinct training questions of the kind sequence: 5 steps x 20 starts x 2 lengths
 
 
 def word_problem(rng):
@@ -84,10 +88,57 @@ def next_number(rng):
 
 
 def sequence(rng):
-    """Counting by 2, 3, 4, 5 or 10 from a multiple of the step: 4 or 5 terms, 200 questions in all."""
+    """Counting by 2, 3, 4, 5 or 10 from a multiple of the step: 4 or 5 terms, 200 questions in all (the training rows)."""
     step, start = rng.choice([2, 3, 4, 5, 10]), rng.randint(1, 20)
     terms = [step * (start + i) for i in range(rng.choice([4, 5]))]
+    return sequence_row(terms, step)
+
+
+def sequence_row(terms, step):
     return f"What number comes next: {', '.join(map(str, terms))}, ...?", terms[-1] + step, {"step": step}
+
+
+# The held-out sequences, built so that no answer that needs no skill passes: each of tiny_grpo/skill.py's guesses
+# scores 0, as the untrained model does (tests/test_skill.py). Their steps are those of no training row, from 6 to
+# 41 (adding a step learned by heart, the last term + 10, + 5 or + 2, is never right), but 7, the worked example's
+# (experiment_base's TASKS: its "each number is 7 more", copied, is right on no question), taken in turn: adding
+# any one number is right on 3 in 100 at most. The first term is no multiple of the step (the training rows' all are;
+# it is never the step, which "each number is 22 more" for 22, 24, 26 adds), and no answer is a multiple of 10 (the
+# runs answered round numbers: the next multiple of 10 above the last term is never right).
+HELD_OUT_STEPS = [step for step in range(6, 42) if step not in (7, 10)]  # 34: at most 3 problems each in 100
+HELD_OUT_STARTS = range(1, 51)
+
+
+def held_out_candidates(step):
+    """The (start, length) of every held-out question with this step."""
+    return [(start, length) for start in HELD_OUT_STARTS if start % step for length in (4, 5) if (start + length * step) % 10]
+
+
+HELD_OUT_SEQUENCES = len(HELD_OUT_STEPS) * min(len(held_out_candidates(step)) for step in HELD_OUT_STEPS)
+
+
+def held_out_sequences(rng, rows):
+    """`rows` held-out sequence rows in a shuffled order: the steps taken in turn, each step's questions drawn from
+    held_out_candidates without repeats; no step and no answer on more than 1 row in len(HELD_OUT_STEPS), rounded up
+    (3 in 100: no constant answer passes either)."""
+    steps = list(HELD_OUT_STEPS)
+    rng.shuffle(steps)  # which steps get a row more when the rows do not divide evenly
+    most = -(-rows // len(steps))
+    answers, tasks = Counter(), []
+    for i, step in enumerate(steps):
+        wanted = rows // len(steps) + (i < rows % len(steps))
+        candidates = held_out_candidates(step)
+        for start, length in rng.sample(candidates, len(candidates)):  # in a random order
+            answer = start + length * step
+            if wanted and answers[answer] < most:
+                question, _, fields = sequence_row([start + k * step for k in range(length)], step)
+                tasks.append({"question": question, "answer": str(answer), "kind": "sequence", **fields})
+                answers[answer] += 1
+                wanted -= 1
+        if wanted:
+            raise ValueError(f"{rows} held-out sequences: step {step} has too few questions")
+    rng.shuffle(tasks)
+    return tasks
 
 
 def unit_conversion(rng):
@@ -102,15 +153,30 @@ def make_task(rng, kinds=KINDS):
     return {"question": question, "answer": str(answer), "kind": kind, **(fields[0] if fields else {})}
 
 
+def write_sequences(parser, args):
+    """--kind sequence: the training rows as they always were (--train-rows of the 200 counting questions, the others
+    unused), and held_out_sequences, drawn with the same seed."""
+    for option, rows, most, what in (("--train-rows", args.train_rows, SEQUENCES, "training"),
+                                     ("--eval-rows", args.eval_rows, HELD_OUT_SEQUENCES, "held-out")):
+        if rows > most:
+            parser.error(f"{option} {rows}: --kind sequence has {most:,} distinct {what} questions; give at most that")
+    rng = random.Random(args.seed)
+    train, _ = unique_split(lambda rng: make_task(rng, ("sequence",)), rng, args.train_rows, SEQUENCES - args.train_rows)
+    try:
+        held_out = held_out_sequences(rng, args.eval_rows)
+    except ValueError as error:  # not seen with any seed tried: each step has 50 questions or more
+        parser.error(str(error))
+    write_split(args, "sequence", train, held_out)
+
+
 def main(argv=None):
     parser = split_parser(__doc__, train_rows=1_500, eval_rows=900)
     parser.add_argument("--kind", choices=[*KINDS, "sequence"], help="write this kind alone, to KIND.jsonl and KIND_eval.jsonl "
                         "(default: every kind, to simple_tasks.jsonl and simple_tasks_eval.jsonl)")
     args = parser.parse_args(argv)
     check_sizes(parser, args)
-    if args.kind == "sequence" and args.train_rows + args.eval_rows > SEQUENCES:
-        parser.error(f"--kind sequence has {SEQUENCES} distinct questions: --train-rows + --eval-rows must be at most that "
-                     f"(got {args.train_rows} + {args.eval_rows})")
+    if args.kind == "sequence":
+        return write_sequences(parser, args)
     kinds = (args.kind,) if args.kind else KINDS
     train, held_out = unique_split(lambda rng: make_task(rng, kinds), random.Random(args.seed), args.train_rows, args.eval_rows)
     write_split(args, args.kind or "simple_tasks", train, held_out)

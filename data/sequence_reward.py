@@ -12,8 +12,8 @@
 so a right answer reached by a wrong step and a false sum ("each number is 8 more ... 28 + 8 = 35") earns
 correctness alone. `stated_step_when_right` pays the same only where the answer is right (a bonus among right
 answers: a wrong answer earns 0 however it reasons), so the groups still differ first by correctness.
-benchmarks/learning.py measures the same property with a checker of its own (`faithful`), which reads the
-question rather than this field. Both were trained on seed 42, with the default worked example (EPYC, float32) and
+tiny_grpo/skill.py's `faithful` measures the same property (and also accepts the sequence written on, term by
+term, to the answer), reading the question rather than this field. Both were trained on seed 42, with the default worked example (EPYC, float32) and
 with one that writes the sequence out (Sapphire Rapids, bfloat16); no run kept the step: README, "Does it learn?".
 """
 

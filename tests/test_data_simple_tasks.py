@@ -2,9 +2,10 @@
 
 import json
 import re
+from collections import Counter
 
 import pytest
-from conftest import ROOT, run_script
+from conftest import ROOT, load_experiment, run_script
 
 SCRIPT = ROOT / "data" / "make_simple_tasks.py"
 FACTORS = {("minutes", "hours"): 60, ("hours", "days"): 24, ("days", "weeks"): 7, ("months", "years"): 12,
@@ -95,25 +96,46 @@ def test_count_words_task_is_one_kind_reproducible_and_held_out(tmp_path):
     assert {r["answer"] for r in held_out} == {str(n) for n in range(3, 9)}  # every length, 3 to 8 words
 
 
-def test_sequence_task_is_every_question_split_in_two(tmp_path):
-    """--kind sequence writes the files of --task sequence, experiment_base's CPU default: counting by 2, 3, 4, 5 or
-    10 from a multiple of the step, 4 or 5 terms; the 200 such questions split 100 / 100, with answers so spread out
-    that no constant answer is right on more than a few held-out problems. Each row holds its step."""
+def terms(question):
+    return [int(n) for n in re.findall(r"\d+", question)]
+
+
+def test_sequence_task_trains_on_counting_and_holds_out_what_no_guess_passes(tmp_path):
+    """--kind sequence writes the files of --task sequence, experiment_base's CPU default. Training: counting by 2, 3,
+    4, 5 or 10 from a multiple of the step, 4 or 5 terms, 100 of those 200 questions (the rows they always were).
+    Held out (issue 77): steps from 6 to 41 that no training row has, never 7 (the worked example's), none on more than
+    3 problems; a first term that is no multiple of the step (so never a training question, nor the step itself); no
+    answer a multiple of 10, and none more than 3 times. Each row holds its step."""
     train, held_out = one_kind(tmp_path, "sequence", "100", "100")
-    assert len({r["question"] for r in train + held_out}) == 200
-    for row in train + held_out:
-        numbers = [int(n) for n in re.findall(r"\d+", row["question"])]
+    example = terms(load_experiment().TASKS["sequence"].question)
+    for row in train:
+        numbers = terms(row["question"])
         step = numbers[1] - numbers[0]
         assert step in (2, 3, 4, 5, 10) and numbers[0] % step == 0 and len(numbers) in (4, 5), row
         assert row["step"] == step, row  # data/sequence_reward.py's metadata
-    answers = [r["answer"] for r in held_out]
-    assert max(answers.count(a) for a in answers) <= 5
+    steps = Counter()
+    for row in held_out:
+        numbers = terms(row["question"])
+        step = numbers[1] - numbers[0]
+        assert 6 <= step <= 41 and step not in (10, example[1] - example[0]), row
+        assert numbers[0] % step and len(numbers) in (4, 5) and int(row["answer"]) % 10 and row["step"] == step, row
+        steps[step] += 1
+    assert len(steps) == 34 and set(steps.values()) == {2, 3}
+    assert max(Counter(row["answer"] for row in held_out).values()) <= 3
+    other = run_script(SCRIPT, "--kind", "sequence", "--train-rows", "30", "--eval-rows", "100", "--out-dir", tmp_path / "b")
+    assert other.returncode == 0, other.stderr  # the held-out rows do not depend on the training rows' number
+    assert (tmp_path / "b" / "sequence_eval.jsonl").read_bytes() == (ROOT / "data" / "sequence_eval.jsonl").read_bytes()
+    assert read_jsonl(tmp_path / "b" / "sequence.jsonl") == train[-30:]  # of the same 200, drawn as before
 
 
-def test_more_sequence_rows_than_questions_are_refused(tmp_path):
-    result = run_script(SCRIPT, "--kind", "sequence", "--train-rows", "150", "--eval-rows", "100", "--out-dir", tmp_path)
-    assert result.returncode == 2 and "--kind sequence has 200 distinct questions" in result.stderr
-    assert "(got 150 + 100)" in result.stderr and not list(tmp_path.iterdir())
+@pytest.mark.parametrize("option, rows, said", [
+    ("--train-rows", "201", "--train-rows 201: --kind sequence has 200 distinct training questions; give at most that"),
+    ("--eval-rows", "2619", "--eval-rows 2619: --kind sequence has 2,618 distinct held-out questions; give at most that"),
+])
+def test_more_sequence_rows_than_questions_are_refused(tmp_path, option, rows, said):
+    sizes = {"--train-rows": "100", "--eval-rows": "100", option: rows}
+    result = run_script(SCRIPT, "--kind", "sequence", *[x for pair in sizes.items() for x in pair], "--out-dir", tmp_path)
+    assert result.returncode == 2 and said in result.stderr and not list(tmp_path.iterdir())
 
 
 def test_a_bad_kind_is_refused(tmp_path):
