@@ -59,6 +59,7 @@ from tiny_grpo.models import (attention_implementation, chat_prompt, keep_quanti
     resolve_dtype, resolve_model_path, safetensors_problem, sampling_weights, uncast_lora_inputs)
 from tiny_grpo.options import HelpFormatter, add_setup_options, has_splits, integer, real, resolve_device
 from tiny_grpo.rewards import OutsideTerms
+from tiny_grpo.skill import baseline_scores
 from tiny_grpo.update import OldLogProbs
 
 # ---- Configuration ----
@@ -589,10 +590,11 @@ def run(args):
         save_checkpoint(run_dir / f"step_{step:06d}", accelerator, policy, scheduler, training_state(args, step, position),
                         args.keep_checkpoints)
 
+    guesses = baseline_scores(args.task, train_tasks, eval_tasks, correctness)  # eval/baseline_*: need no skill
     # the loggers, memory peaks, the progress bar, a checkpoint every --checkpoint-interval steps and at the end; only
     # the main process logs (the step's metrics are of every process's rollout) and evaluates
     with Bookkeeping(args, run_dir, step, position, save, eval_tasks, tokenizer, score.weights,
-                     accelerator.is_main_process, interrupts) as book:
+                     accelerator.is_main_process, interrupts, baselines=guesses) as book:
         if args.eval_interval and (book.step == 0 or book.evaluation_owed) and accelerator.is_main_process:
             with accelerator.autocast():
                 book.evaluated(*evaluate(model, tokenizer, eval_tasks, args, score))

@@ -63,6 +63,7 @@ from tiny_grpo.models import (attention_implementation, chat_prompt, keep_quanti
 from tiny_grpo.options import HelpFormatter, add_setup_options, has_splits, integer, real, resolve_device
 from tiny_grpo.report import clip_gradients
 from tiny_grpo.rewards import OutsideTerms
+from tiny_grpo.skill import baseline_scores
 from tiny_grpo.update import OldLogProbs, micro_batches, rows_that_count
 
 # ---- Configuration ----
@@ -818,8 +819,10 @@ def run(args):
         save_checkpoint(run_dir / f"step_{step:06d}", model, optimizer, scheduler, training_state(args, step, position),
                         args.keep_checkpoints)
 
+    guesses = baseline_scores(args.task, train_tasks, eval_tasks, correctness)  # eval/baseline_*: need no skill
     # the loggers, Ctrl-C, memory peaks, the progress bar, a checkpoint every --checkpoint-interval steps and at the end
-    with Bookkeeping(args, run_dir, step, position, save, eval_tasks, tokenizer, score.weights) as book:
+    with Bookkeeping(args, run_dir, step, position, save, eval_tasks, tokenizer, score.weights,
+                     baselines=guesses) as book:
         if args.eval_interval and (book.step == 0 or book.evaluation_owed):  # the curve's start, or one a stop cut
             book.evaluated(*evaluate(model, tokenizer, eval_tasks, args, score))
         while book.step < args.max_steps:

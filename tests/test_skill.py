@@ -7,9 +7,9 @@ import json
 from collections import Counter
 
 import pytest
-from conftest import ROOT, load_experiment
+from conftest import ROOT, TASK_EXPERIMENTS, load_experiment, tensorboard_scalars, write_jsonl
 
-from tiny_grpo.skill import baseline_scores, faithful, guesses, sequence_terms
+from tiny_grpo.skill import baseline_scores, faithful, faithful_share, guesses, sequence_terms
 
 # The untrained Gemma-3-270M's greedy accuracy on --task sequence's held-out set, which no guess that needs no skill may
 # exceed, or a gain over the untrained model proves nothing: 3% on the held-out set before issue 77, in every run
@@ -178,3 +178,56 @@ def test_learning_py_reads_the_samples_with_the_packages_checker():
     learning = load_module(ROOT / "benchmarks" / "learning.py")
     assert learning.faithful(sequence(42, 45, 48, 51), "42,45,48,51,54,57 </think> <answer>54</answer>") is True
     assert learning.faithful("What is 3 + 4?", "<answer> 7 </answer>", "math") is None
+
+
+# ---- the evaluation: eval/baseline_*, eval/faithful, the closing line, the rollout log and the page ----
+
+# The held-out answers a trained model might give to 3, 5, 7, 9 -> 11 and 4, 9, 14, 19 -> 24: one right and computed,
+# one right behind a false sum, and a wrong one. The tiny test model answers nothing right, so the run's evaluation is
+# given these texts and scores them with the experiment's own Scorer; everything after (Bookkeeping, TensorBoard, the
+# rollout log, the closing line) is the run's own.
+HELD_OUT = rows((sequence(3, 5, 7, 9), "11"), (sequence(4, 9, 14, 19), "24"), (sequence(7, 10, 13, 16), "19"))
+ANSWERS = ["<think> each number is 2 more: 9 + 2 = 11 </think> <answer> 11 </answer>",
+           "<think> each number is 4 more, 19 + 4 = 24 </think> <answer> 24 </answer>",
+           "<think> 16 </think> <answer> 16 </answer>"]
+
+
+@pytest.mark.parametrize("name", TASK_EXPERIMENTS)
+def test_each_evaluation_logs_the_guesses_and_the_share_of_computed_answers(name, tiny_model_dir, tmp_path,
+                                                                              monkeypatch, capsys):
+    module = load_experiment(name)
+    real_evaluate = module.evaluate
+
+    def evaluate(model, tokenizer, tasks, args, score):
+        metrics, result = real_evaluate(model, tokenizer, tasks, args, score)  # the model's own, then these texts
+        result.completions = ANSWERS[:len(tasks)]
+        _, result.terms = score(result.completions, [t["answer"] for t in tasks], [None] * len(tasks))
+        return {"eval/accuracy": (result.terms["correctness"] == 1).float().mean().item()}, result
+
+    monkeypatch.setattr(module, "evaluate", evaluate)
+    train, held_out = write_jsonl(tmp_path / "train.jsonl", TRAIN), write_jsonl(tmp_path / "eval.jsonl", HELD_OUT)
+    module.main([str(a) for a in [
+        "--model-name", tiny_model_dir, "--device", "cpu", "--dtype", "float32", "--quantization", "none",
+        "--task", "sequence", "--data-path", train, "--eval-data-path", held_out, "--eval-prompts", "3",
+        "--eval-interval", "1", "--max-steps", "1", "--group-size", "2", "--rollouts-per-step", "2", "--max-length", "6",
+        "--run-name", "r", "--log-dir", tmp_path / "runs", "--checkpoint-path", tmp_path / "out"]])
+    expected = baseline_scores("sequence", TRAIN, HELD_OUT, correctness)
+    assert expected["eval/baseline_last_plus_common_step"] == 1 / 3  # 19 + 5: the training's commonest step
+    assert max(expected.values()) == 1 / 3 and sum(expected.values()) == 1 / 3
+    scalars = tensorboard_scalars(tmp_path / "runs")
+    for tag, value in {**expected, "eval/accuracy": 2 / 3, "eval/faithful": 1 / 2}.items():
+        assert [s for s, _ in scalars[tag]] == [0, 1] and all(v == pytest.approx(value) for _, v in scalars[tag]), tag
+    closing = capsys.readouterr().out.strip().splitlines()[-1]
+    assert closing.endswith("the best guess without the skill (last_plus_common_step) 33%; 50% of the right answers "
+                            "computed by their reasoning"), closing
+    log = [json.loads(line) for line in (tmp_path / "runs" / "r" / "rollouts.jsonl").read_text().splitlines()]
+    evals = [r for r in log if r["kind"] == "eval"]
+    assert [[c["faithful"] for c in r["completions"]] for r in evals] == [[True, False, False]] * 2
+
+
+def test_the_faithful_share_counts_right_answers_only_and_only_where_a_checker_exists():
+    questions = [{"question": row["question"]} for row in HELD_OUT]
+    assert faithful_share("sequence", questions, ANSWERS, [True, False, False]) == {"eval/faithful": 1.0}
+    assert faithful_share("sequence", questions, ANSWERS, [True, True, False]) == {"eval/faithful": 0.5}
+    assert faithful_share("sequence", questions, ANSWERS, [False] * 3) == {}
+    assert faithful_share("count_words", [{"question": "How many words: 'a b'?"}], ["<answer> 2 </answer>"], [True]) == {}

@@ -427,3 +427,17 @@ if __name__ == "__main__":
     if len(sys.argv) != 3:
         sys.exit("usage: python tests/test_view.py PAGE.html OUT.png")
     print(screenshot(sys.argv[1], sys.argv[2]))
+
+
+def test_each_right_held_out_answer_says_whether_its_reasoning_computes_it(reader):
+    """eval/faithful per completion (tiny_grpo/skill.py): a right answer is marked computed or not; a wrong one, and
+    one of a task without a checker (null), carry no mark."""
+    completions = [{"question": q, "prompt": q, "answer": "11", "text": HOSTILE, "correct": ok, "faithful": f,
+                    "terms": {"correctness": float(ok)}}
+                   for q, ok, f in [("a", True, True), ("b", True, False), ("c", False, False), ("d", True, None)]]
+    r = reader([records(hostile=False)[0], eval_record(0, 0.75, completions)])
+    assert r.js("[...document.querySelectorAll('#eval .right-col .ev')].map(e => "
+                "(e.querySelector('.faithful, .unfaithful') || {}).className || null)") == [
+        "faithful", "unfaithful", None]
+    assert r.js("document.querySelectorAll('#eval .wrong-col .faithful, #eval .wrong-col .unfaithful').length") == 0
+    assert "its reasoning does not compute this answer" in r.page.inner_text("#eval .right-col")

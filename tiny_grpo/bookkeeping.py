@@ -8,6 +8,7 @@ import contextlib, sys, time  # noqa: E401
 from tiny_grpo.errors import DivergedError, RewardError
 from tiny_grpo.report import Logger, PhasePeaks, diagnostics, held_out, report
 from tiny_grpo.rollout_log import RolloutLog
+from tiny_grpo.skill import faithful_share
 from tiny_grpo.stopping import Interrupts, say, stopped
 from tiny_grpo.view import draw_in_background, finish_drawing
 
@@ -22,20 +23,22 @@ class Silent:
 
 
 class Bookkeeping:
-    """with Bookkeeping(args, run_dir, step, position, save, eval_tasks, tokenizer, weights) as book: the loop, which
-    reads book.step and book.position and calls book.phase, book.update, book.evaluated and book.report. save(step,
-    position) writes the checkpoint of the steps done (the train.py's: what a checkpoint holds is the experiment's);
-    eval_tasks: the held-out tasks an evaluation takes; tokenizer and weights ({term: w}): for the rollout log.
+    """with Bookkeeping(args, run_dir, step, position, save, eval_tasks, tokenizer, weights, baselines=...) as book:
+    the loop, which reads book.step and book.position and calls book.phase, book.update, book.evaluated and
+    book.report. save(step, position) writes the checkpoint of the steps done (the train.py's: what a checkpoint holds
+    is the experiment's); eval_tasks: the held-out tasks an evaluation takes; tokenizer and weights ({term: w}): for
+    the rollout log; baselines: the guesses' scores on eval_tasks (tiny_grpo/skill.py's baseline_scores).
     Several processes: main_process=False on all but one, which alone logs, draws the bar and tells (every process
     still saves: the train.py's save may be collective); interrupts: an object that offers Interrupts' deferred()
     and stopping (a run whose processes stop together brings its own)."""
 
     def __init__(self, args, run_dir, step, position, save, eval_tasks, tokenizer=None, weights=None,
-                 main_process=True, interrupts=None):
+                 main_process=True, interrupts=None, baselines=None):
         from tqdm import tqdm
 
         self.args, self.run_dir, self.step, self.position = args, run_dir, step, position
         self.save_steps, self.eval_tasks, self.weights = save, eval_tasks, dict(weights or {})
+        self.baselines = dict(baselines or {})  # eval/baseline_*: the guesses' scores, logged with each evaluation
         self.main, self.interrupts, self.memory = main_process, interrupts or Interrupts(), PhasePeaks(args.device)
         self.logger = Logger(args, step) if main_process else Silent()
         self.rollouts = RolloutLog(args, step, self.weights, tokenizer) if main_process else Silent()  # rollouts.jsonl
@@ -67,7 +70,14 @@ class Bookkeeping:
 
     def evaluated(self, metrics, result=None):
         """A held-out evaluation after book.step steps, and its rollout (for the rollout log); the one before any
-        step is logged at once (the curve's start), the others with their step's report."""
+        step is logged at once (the curve's start), the others with their step's report. Beside evaluate's metrics:
+        the guesses' scores (eval/baseline_*) and the share of right answers whose reasoning computes them
+        (eval/faithful, where the task's reasoning can be checked: tiny_grpo/skill.py)."""
+        if result is not None and "correctness" in result.terms:
+            right = [bool(value == 1) for value in result.terms["correctness"]]
+            metrics = {**metrics, **faithful_share(getattr(self.args, "task", None), self.eval_tasks,
+                                                   result.completions, right)}
+        metrics = {**metrics, **self.baselines}
         self.evals[self.step] = metrics
         self.rollouts.evaluation(self.step, metrics, self.eval_tasks, result)
         if self.step == 0 or self.evaluation_owed:  # no report of this step follows

@@ -244,7 +244,20 @@ def held_out(evals, problems=None):
     if problems is None:
         return f"{accuracy[first]} -> {accuracy[last]}" if first != last else accuracy[last]
     span = f"{accuracy[first]} at step {first} -> " if first != last else ""
-    return f"; held-out accuracy {span}{accuracy[last]} at step {last} ({problems} problems, greedy)"
+    return (f"; held-out accuracy {span}{accuracy[last]} at step {last} ({problems} problems, greedy)"
+            f"{skill_said(evals[last])}")
+
+def skill_said(metrics):
+    """The closing line's word on whether the accuracy is the skill: the best guess that needs none (eval/baseline_*)
+    and the share of right answers whose reasoning computes them (eval/faithful), where the evaluation has them."""
+    said = ""
+    guesses = {k.removeprefix("eval/baseline_"): v for k, v in metrics.items() if k.startswith("eval/baseline_")}
+    if guesses:
+        best = max(guesses, key=guesses.get)
+        said += f"; the best guess without the skill ({best}) {guesses[best]:.0%}"
+    if "eval/faithful" in metrics:
+        said += f"; {metrics['eval/faithful']:.0%} of the right answers computed by their reasoning"
+    return said
 
 def sample_text(rollout, tasks, group_size, count=4):
     """A few completions as markdown; a multi-turn episode's whole transcript, its tool results or passages too."""

@@ -5,6 +5,7 @@ import json, math, os, sys, uuid  # noqa: E401
 from pathlib import Path
 
 from tiny_grpo.files import write_atomically
+from tiny_grpo.skill import faithful
 
 NAME = "rollouts.jsonl"
 TOKEN_VALUES = ("logp_old", "ratio", "clipped", "kl")  # grpo_loss' per-token values (StepStatistics' tokens)
@@ -125,6 +126,8 @@ class RolloutLog:
         self.write({"kind": "eval", "step": step, "metrics": {k: rounded(v) for k, v in metrics.items()},
                     "completions": [{"question": str(task.get("question", "")), "prompt": str(task["prompt"]),
                                      "answer": str(task.get("answer", "")), "text": text, "correct": bool(right[i] == 1),
+                                     "faithful": faithful(getattr(self.args, "task", None), str(task.get("question", "")),
+                                                          text),
                                      "terms": {name: rounded(v[i]) for name, v in result.terms.items()}}
                                     for i, (task, text) in enumerate(zip(tasks, result.completions))]})
 

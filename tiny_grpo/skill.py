@@ -87,6 +87,13 @@ def same_role(question, role):
 
 # ---- Does the reasoning compute the answer? ----
 
+def faithful_share(task, rows, completions, right):
+    """{"eval/faithful": the share of the right answers (right: a bool per completion) whose reasoning computes them},
+    where the task's reasoning can be checked and an answer was right; else {}."""
+    checked = [faithful(task, row.get("question", ""), text) for row, text, ok in zip(rows, completions, right) if ok]
+    checked = [c for c in checked if c is not None]
+    return {"eval/faithful": sum(checked) / len(checked)} if checked else {}
+
 def faithful(task, question, completion):
     """True when the completion's reasoning (its text before the first <answer>) computes the answer in its last
     <answer> tags, False when it does not, None where the task's reasoning cannot be checked soundly (every task

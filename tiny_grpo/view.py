@@ -35,7 +35,8 @@ SHAPES = {
                                                             "answer": TEXT, "rewards_equal": FLAG,
                                                             "completions": [COMPLETION]}]},
     "eval": {"step": WHOLE, "metrics": NUMBERS, "completions": [{"question": TEXT, "prompt": TEXT, "answer": TEXT,
-                                                                 "text": TEXT, "correct": FLAG, "terms": NUMBERS}]}}
+                                                                 "text": TEXT, "correct": FLAG, "faithful": FLAG,
+                                                                 "terms": NUMBERS}]}}
 
 
 def _is(value, kind):
@@ -539,6 +540,7 @@ pre.prompt { max-height: 8em; overflow: auto; background: #f6f6f6; padding: .3em
 .tok.clip-lo { background: #22d3ee; color: #000; box-shadow: inset 0 2px #0e7490; }
 .cols { display: flex; gap: 1em; } .cols > div { flex: 1; min-width: 0; }
 .ev { border-top: 1px dashed #ddd; padding: .3em 0; } .right { color: #1a7f37; } .wrong { color: #b42318; }
+.faithful { color: #1a7f37; font-size: .85em; } .unfaithful { color: #9a6700; font-size: .85em; }
 </style></head>
 <body>
 <h1 id="title"></h1>
@@ -830,6 +832,9 @@ function renderEval() {
       } else el("pre", "prompt", c.prompt, e);
       const a = el("div", null, null, e); el("span", "muted", "answer: ", a); el("span", "answer", c.answer, a);
       el("pre", "text", c.text, e);
+      if (ok && typeof c.faithful === "boolean")  // tiny_grpo/skill.py's check, where the task has one
+        el("div", c.faithful ? "faithful" : "unfaithful", c.faithful ? "its reasoning computes this answer"
+          : "its reasoning does not compute this answer (right by a guess, or by false steps)", e);
       el("div", "meta muted", Object.entries(c.terms || {}).map(([k, v]) => k + " " + fmt(v)).join(", "), e);
     }
   }
