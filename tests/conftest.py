@@ -133,6 +133,7 @@ def learn_sevens(module, model_dir, tmp_path, monkeypatch, steps, *options):
     The prompt is fixed here, as the step counts and thresholds of these tests were measured with it (the
     instructions with the math example inline, the prompt before 2026-11-23): the tiny random model's first
     samples, and so how soon it finds the sevens, depend on it. format_prompt has tests of its own."""
+    Path(tmp_path).mkdir(parents=True, exist_ok=True)
     instructions = module.system_prompt()[:-1] + ", for example <think> 3 + 4 * 2 = 3 + 8 = 11 </think> <answer> 11 </answer>."
     monkeypatch.setattr(module, "reward_terms", seven_reward)
     monkeypatch.setattr(module, "format_prompt", lambda tokenizer, question, *args: tokenizer.apply_chat_template(
@@ -149,6 +150,33 @@ def learn_sevens(module, model_dir, tmp_path, monkeypatch, steps, *options):
     rewards = [value for _, value in sorted(tensorboard_scalars(tmp_path / "runs")["rollout/reward_mean"])]
     assert len(rewards) == steps
     return rewards
+
+
+def on_most_seeds(learn, seeds=(1, 2, 3)):
+    """Learning is tested on up to three seeds, not one: a run is a lottery on a CPU kind whose float32 kernels round
+    otherwise (experiment_base's full-precision run of seed 1 plateaued at a reward of 0.38 on a Sapphire Rapids Xeon
+    and rose to 0.99 on an AMD EPYC, round five). learn(seed) trains with that seed and returns None when it learned,
+    else why not. The first seed passes the test when it learns (one run: the suite's time); if it does not, the next
+    two must both learn, outvoting it."""
+    first, *others = seeds
+    why = learn(first)
+    if why:
+        failures = [f"seed {first}: {why}"] + [f"seed {seed}: {w}" for seed in others if (w := learn(seed))]
+        assert len(failures) == 1, "; ".join(failures)
+
+
+# The sevens are learned when the reward ends above 0.3, thirty times the untrained model's 1%: a run that fails
+# collapses to empty completions and ends near 0, while one that learns ends at 0.4 to 1.0, sometimes on a plateau
+# where every completion of a group is the same mix of sevens (no gradient left): 0.38 for seed 1 of experiment_base's
+# full-precision run on a Sapphire Rapids Xeon, 0.49 for seed 2 on an AMD EPYC with AVX512-BF16 (round five)
+SEVENS_LEARNED = 0.3
+
+
+def rose(rewards, start_below=0.1, end_above=0.6, last=5):
+    """None when the mean of the first three rewards is below start_below and that of the last `last` above
+    end_above; else the rewards, rounded, as the reason."""
+    start, end = sum(rewards[:3]) / 3, sum(rewards[-last:]) / last
+    return None if start < start_below and end > end_above else f"did not rise: {[round(r, 2) for r in rewards]}"
 
 
 def teach(module, model_dir, folder, examples, steps, lr=1e-2):

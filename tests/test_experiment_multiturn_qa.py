@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import conftest
-from conftest import (ROOT, fails_with, help_text, load_experiment, load_tiny, run_script, teach, tensorboard_scalars,
-                      write_jsonl, write_pdf)
+from conftest import (ROOT, fails_with, help_text, load_experiment, load_tiny, on_most_seeds, rose, run_script, teach,
+                      tensorboard_scalars, write_jsonl, write_pdf)
 import tiny_grpo.decode
 
 NAME = "experiment_multiturn_qa"
@@ -345,21 +345,26 @@ def test_grpo_learns_to_search(qa, tiny_search_model_dir, corpus, tmp_path, monk
         tokenize=False, add_generation_prompt=True))
     data = write_jsonl(tmp_path / "q.jsonl", [{"question": f"Where is Brio {i}?", "answer": "Miogriarary"}
                                               for i in range(32)])
-    qa.main([
-        "--model-name", str(tiny_search_model_dir), "--device", "cpu", "--quantization", "none", "--dtype", "float32",
-        "--data-path", str(data), "--corpus-dir", str(corpus), "--retriever", "bm25", "--max-turns", "1",
-        "--max-steps", "30", "--group-size", "8", "--rollouts-per-step", "4", "--max-length", "12", "--lr", "1e-2",
-        "--kl-weight", "0.01", "--seed", "1", "--eval-interval", "0", "--checkpoint-interval", "0",
-        "--log-completions-interval", "0", "--log-dir", str(tmp_path / "runs"), "--checkpoint-path",
-        str(tmp_path / "out"), "--run-name", "learn",
-    ])
-    scalars = tensorboard_scalars(tmp_path / "runs")
-    searches = [value for _, value in sorted(scalars["rollout/searches_per_episode"])]
-    rewards = [value for _, value in sorted(scalars["rollout/reward_mean"])]
-    assert len(searches) == 30
-    assert sum(searches[:3]) / 3 < 0.1 and sum(searches[-5:]) / 5 > 0.6, [round(s, 2) for s in searches]
-    assert sum(rewards[-5:]) / 5 > 0.75, [round(r, 2) for r in rewards]
-    assert sorted(scalars["rollout/information_tokens"])[-1][1] > 0  # the passages were in the episodes
+
+    def learn(seed):
+        runs = tmp_path / f"runs{seed}"
+        qa.main([
+            "--model-name", str(tiny_search_model_dir), "--device", "cpu", "--quantization", "none", "--dtype", "float32",
+            "--data-path", str(data), "--corpus-dir", str(corpus), "--retriever", "bm25", "--max-turns", "1",
+            "--max-steps", "30", "--group-size", "8", "--rollouts-per-step", "4", "--max-length", "12", "--lr", "1e-2",
+            "--kl-weight", "0.01", "--seed", str(seed), "--eval-interval", "0", "--checkpoint-interval", "0",
+            "--log-completions-interval", "0", "--log-dir", str(runs), "--checkpoint-path", str(tmp_path / f"out{seed}"),
+            "--run-name", "learn",
+        ])
+        scalars = tensorboard_scalars(runs)
+        searches = [value for _, value in sorted(scalars["rollout/searches_per_episode"])]
+        rewards = [value for _, value in sorted(scalars["rollout/reward_mean"])]
+        assert len(searches) == 30
+        assert sorted(scalars["rollout/information_tokens"])[-1][1] > 0  # the passages were in the episodes
+        why = rose(searches) and f"searches {rose(searches)}"
+        return why or (None if sum(rewards[-5:]) / 5 > 0.75 else f"reward {[round(r, 2) for r in rewards]}")
+
+    on_most_seeds(learn)
 
 
 # ---------------------------------------------------------------- end to end, as a user runs it

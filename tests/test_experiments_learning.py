@@ -2,7 +2,7 @@
 
 import pytest
 
-from conftest import TASK_EXPERIMENTS, learn_sevens, load_experiment
+from conftest import SEVENS_LEARNED, TASK_EXPERIMENTS, learn_sevens, load_experiment, on_most_seeds, rose
 
 
 # Every copy learns on its 4-bit model, the real thing; full-precision weights in experiment_base (the copies' loading
@@ -18,7 +18,10 @@ LR = {"4bit": "3e-2", "none": "1e-2"}
 @pytest.mark.parametrize("name, quantization", RUNS)
 def test_grpo_raises_reward(name, tiny_model_dir, tmp_path, monkeypatch, quantization):
     task_experiment = load_experiment(name)  # each experiment's own KL weight
-    rewards = learn_sevens(task_experiment, tiny_model_dir, tmp_path, monkeypatch, 20, "--quantization", quantization,
-                           "--lr", LR[quantization])
-    start, end = sum(rewards[:3]) / 3, sum(rewards[-5:]) / 5
-    assert start < 0.1 and end > 0.6, f"reward did not rise: {[round(r, 2) for r in rewards]}"
+
+    def learn(seed):
+        return rose(learn_sevens(task_experiment, tiny_model_dir, tmp_path / f"seed{seed}", monkeypatch, 20,
+                                 "--quantization", quantization, "--lr", LR[quantization], "--seed", str(seed)),
+                    end_above=SEVENS_LEARNED)
+
+    on_most_seeds(learn)
