@@ -300,31 +300,6 @@ def forward_flops(config, lora_r, prompt_tokens, completion_tokens, repeated=Non
     return body, head, adapter
 
 
-def matmul_peak(dtype):
-    """The FLOP/s of this machine's matrix multiply in dtype, measured: square matrices, doubled in size from 512
-    until one product takes 0.2 s or the size is 4096, then the best of three products at that size."""
-    import torch
-
-    size = 512
-    while True:
-        a, b = torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)
-        torch.mm(a, b)  # warm-up
-        started = time.perf_counter()
-        torch.mm(a, b)
-        seconds = time.perf_counter() - started
-        if seconds >= 0.2 or size >= 4096:
-            break
-        size *= 2
-    best = min(timed(torch.mm, a, b) for _ in range(3))
-    return {"size": size, "flops_per_second": 2 * size**3 / best}
-
-
-def timed(function, *args):
-    started = time.perf_counter()
-    function(*args)
-    return time.perf_counter() - started
-
-
 def trl_steps(args, model, tokenizer, tasks, score, device, lr, beta, train_batch_size=None, generation_batch_size=None,
               optim=None, bf16=False):
     """TRL's GRPOTrainer on the same workload as project_steps: args.steps optimizer steps, each of args.prompts x

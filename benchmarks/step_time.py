@@ -22,17 +22,23 @@ peak when CUDA is present), and the training phase's FLOP/s: the matrix-multiply
 sequences need (common.training_flops says how they are counted; the same count on both sides, of the
 sequences each side ran: with beta = 0 the project runs no pass over a completion whose advantage is 0,
 TRL runs them all) over the seconds that are not sampling, and its share of this machine's matmul peak in the same
-dtype, measured here after both sides (common.matmul_peak). Then the ratios project / TRL.
+dtype, measured here after both sides (roofline.matmul_peak). Then the ratios project / TRL.
+Then the project's roofline (benchmarks/roofline.py, docs/results/roofline.md): each phase's measured seconds against
+its limit on this machine, the bytes it reads over the read bandwidth and its FLOPs over the matmul peak, both
+measured in the same run; and the sampled tokens per second against those at the limit. --only prints that side's
+(sampling only for the project: TRL's rows' lengths are not recorded) and writes --json.
 --profile adds the PyTorch profiler's table of the training phase of one more project step, run after the
 measured ones, operator by operator, and the share of that phase's operator time spent in the operators that do the
 counted FLOPs (matrix multiplies, attention), with the rate they reach there against the peak.
 """
 
+import argparse
 import json
 import sys
 
-from common import (check_steps, load_experiment, machine, matmul_peak, peak_memory, project_steps, resolved_dtype,
-                    run_alone, step_summary, training_flops, trl_steps, workload, workload_parser, write_json)
+from common import (check_steps, load_experiment, machine, peak_memory, project_steps, resolved_dtype, run_alone,
+                    step_summary, training_flops, trl_steps, workload, workload_parser, write_json)
+from roofline import measure, print_roofline, roofline
 
 
 def parse_args(argv=None):
@@ -41,6 +47,8 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=1e-5, help="learning rate (default: %(default)s)")
     p.add_argument("--kl-weight", type=float, default=0.0, help="beta (TRL's default is 0) (default: %(default)s)")
     p.add_argument("--profile", action="store_true", help="profile one more project step's training phase, after the measured ones")
+    p.add_argument("--side-of-pair", action="store_true", help=argparse.SUPPRESS)  # main runs --only SIDE with it: the
+    # RESULT line alone, since main measures the roofline and writes --json itself, after both sides
     return check_steps(p, p.parse_args(argv))
 
 
@@ -55,7 +63,12 @@ def run_project(args):
                                "--rollouts-per-step", str(args.prompts), "--max-length", str(args.max_new_tokens),
                                "--train-batch-size", str(args.prompts * args.group_size), "--temperature", "1.0"])  # TRL's
     profile = {} if args.profile else None
+    rollouts, rollout = [], base.rollout
+    base.rollout = lambda *a, **k: rollouts.append(rollout(*a, **k)) or rollouts[-1]  # the rows' lengths: the roofline's
     steps = project_steps(base, options, tasks, args, profile)
+    for step, result in zip(steps, rollouts):  # (the profiled extra step's rollout comes last, with no step)
+        prompts = result.attention_mask[:: args.group_size, : -result.action_mask.shape[1]].sum(1)  # one row a prompt
+        step.update(prompt_tokens=prompts.tolist(), completion_tokens=result.action_mask.sum(1).tolist())
     memory = {**peak_memory(device), **({"peak_rss_gb": profile["peak_rss_gb"]} if profile else {})}  # not the profiler's
     return {"steps": steps, **memory, **({"profile": {k: v for k, v in profile.items() if k != "peak_rss_gb"}} if profile else {})}
 
@@ -82,18 +95,35 @@ def summarise(result, peak):
     return summary
 
 
+def side_roofline(args, steps, figures, who):
+    """The roofline of one side's steps (roofline.roofline), printed; the model's shapes from its config."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(load_experiment().resolve_model_path(args.model_name))
+    phases = roofline(steps, config, args.lora_r, resolved_dtype(args.dtype).itemsize, figures)
+    print_roofline(phases, who)
+    return phases
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.only:
         result = run_project(args) if args.only == "project" else run_trl(args)
+        if not args.side_of_pair:  # run alone: its roofline, measured now, and --json
+            dtype = resolved_dtype(args.dtype)
+            where = machine(dtype)
+            who = {"project": "the project", "trl": "TRL"}[args.only]
+            result["roofline"] = side_roofline(args, result["steps"], measure(dtype), who)
+            write_json(args.json, {args.only: result, "settings": {k: str(v) for k, v in vars(args).items()}}, where)
         print("RESULT " + json.dumps(result))
         return
     sides = {}
     for side in ("project", "trl"):
         print(f"running {side} ...", flush=True)
-        sides[side] = run_alone(__file__, side, argv if argv is not None else sys.argv[1:])
+        sides[side] = run_alone(__file__, side, [*(argv if argv is not None else sys.argv[1:]), "--side-of-pair"])
     dtype = resolved_dtype(args.dtype)
-    peak = matmul_peak(dtype)  # after both sides, on the otherwise idle machine
+    figures = measure(dtype)  # after both sides, on the otherwise idle machine
+    peak = {"size": figures["matmul"]["size"], "flops_per_second": figures["matmul"]["best"]}
     results = {side: summarise(result, peak) for side, result in sides.items()}
     project, trl = results["project"], results["trl"]
     for result in results.values():  # GFLOP/s in the table
@@ -109,8 +139,7 @@ def main(argv=None):
     print(f"| {'-' * 28} | {'-' * 8} | {'-' * 8} | {'-' * 13} |")
     for label, key, fmt in rows:
         print(f"| {label:28s} | {fmt.format(project[key]):>8s} | {fmt.format(trl[key]):>8s} | {project[key] / trl[key]:>13.2f} |")
-    print(f"\nmatmul peak: {peak['flops_per_second'] / 1e9:.1f} GFLOP/s ({str(dtype).removeprefix('torch.')}, "
-          f"{peak['size']} x {peak['size']} products, best of 3)")
+    results["roofline"] = side_roofline(args, project["steps"], figures, "the project")
     if "profile" in project:
         profile = project["profile"]
         profile["matmul_share"] = profile["matmul_seconds"] / profile["operator_seconds"]
