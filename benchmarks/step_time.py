@@ -38,7 +38,7 @@ import sys
 
 from common import (check_steps, load_experiment, machine, peak_memory, project_steps, resolved_dtype, run_alone,
                     step_summary, training_flops, trl_steps, workload, workload_parser, write_json)
-from roofline import measure, print_roofline, roofline
+from roofline import PATIENCE, measure, print_roofline, roofline
 
 
 def parse_args(argv=None):
@@ -47,9 +47,14 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=1e-5, help="learning rate (default: %(default)s)")
     p.add_argument("--kl-weight", type=float, default=0.0, help="beta (TRL's default is 0) (default: %(default)s)")
     p.add_argument("--profile", action="store_true", help="profile one more project step's training phase, after the measured ones")
+    p.add_argument("--patience", type=float, default=PATIENCE, help="seconds the roofline's bandwidth and peak may each "
+                   "be measured again while other processes take the CPUs (default: %(default)s; 0: once)")
     p.add_argument("--side-of-pair", action="store_true", help=argparse.SUPPRESS)  # main runs --only SIDE with it: the
     # RESULT line alone, since main measures the roofline and writes --json itself, after both sides
-    return check_steps(p, p.parse_args(argv))
+    args = check_steps(p, p.parse_args(argv))
+    if not args.patience >= 0:  # nan too
+        p.error(f"--patience must be 0 or more seconds, not {args.patience}")
+    return args
 
 
 def run_project(args):
@@ -113,7 +118,7 @@ def main(argv=None):
             dtype = resolved_dtype(args.dtype)
             where = machine(dtype)
             who = {"project": "the project", "trl": "TRL"}[args.only]
-            result["roofline"] = side_roofline(args, result["steps"], measure(dtype), who)
+            result["roofline"] = side_roofline(args, result["steps"], measure(dtype, args.patience), who)
             write_json(args.json, {args.only: result, "settings": {k: str(v) for k, v in vars(args).items()}}, where)
         print("RESULT " + json.dumps(result))
         return
@@ -122,7 +127,7 @@ def main(argv=None):
         print(f"running {side} ...", flush=True)
         sides[side] = run_alone(__file__, side, [*(argv if argv is not None else sys.argv[1:]), "--side-of-pair"])
     dtype = resolved_dtype(args.dtype)
-    figures = measure(dtype)  # after both sides, on the otherwise idle machine
+    figures = measure(dtype, args.patience)  # after both sides, on the otherwise idle machine
     peak = {"size": figures["matmul"]["size"], "flops_per_second": figures["matmul"]["best"]}
     results = {side: summarise(result, peak) for side, result in sides.items()}
     project, trl = results["project"], results["trl"]

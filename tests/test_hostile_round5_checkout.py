@@ -4,6 +4,7 @@ A second clone or a `git worktree` made to try a change ran the first checkout's
 and read that checkout's data/, without a word; a virtual environment without the editable install ended every
 train.py in `ModuleNotFoundError: No module named 'tiny_grpo'`."""
 
+import re
 import shutil
 import sys
 
@@ -25,8 +26,19 @@ def second_checkout(folder, experiment):
     return folder / experiment / "train.py"
 
 
-@pytest.mark.parametrize("experiment", EXPERIMENTS)
-def test_item8_a_second_checkout_runs_its_own_package(experiment, tmp_path):
+def test_item8_every_copy_puts_its_checkout_first_before_it_imports_the_package():
+    """The line that does it, in each copy, above the first import of tiny_grpo (test_copies leaves imports and this
+    statement's presence unchecked; the run below shows what the line does, in experiment_base)."""
+    for experiment in EXPERIMENTS:
+        lines = (ROOT / experiment / "train.py").read_text().splitlines()
+        guard = lines.index("if (CHECKOUT := str(Path(__file__).resolve().parent.parent)) not in sys.path:  # take "
+                            "tiny_grpo/ from this checkout,")
+        first_import = min(i for i, line in enumerate(lines) if re.match(r"(from|import) tiny_grpo", line))
+        assert lines[guard + 1].startswith("    sys.path.insert(0, CHECKOUT)") and guard < first_import, experiment
+
+
+def test_item8_a_second_checkout_runs_its_own_package(tmp_path):
+    experiment = "experiment_base"
     script = second_checkout(tmp_path, experiment)
     result = run_command([sys.executable, script, "--help"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
