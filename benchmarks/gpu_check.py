@@ -329,13 +329,29 @@ def run_process(command, limit):
         raise
 
 
-def stop_group(process):
-    """Kill the process and every process it started (its group), and wait for it."""
+def stop_group(process, seconds=10):
+    """Kill the process and every process it started (its group), and wait for it and, at most `seconds`, for the
+    rest of the group to be gone: a process killed goes on a moment after its leader has been waited for."""
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except ProcessLookupError:  # ended already, and all it started
         pass
     process.wait()
+    deadline = time.monotonic() + seconds
+    while running_in_group(process.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def running_in_group(group):
+    """Whether a process of this process group still runs (a zombie, ended and not yet reaped, does not)."""
+    for entry in os.listdir("/proc"):
+        try:
+            fields = Path("/proc", entry, "stat").read_text().rpartition(")")[2].split()
+        except (OSError, ValueError):  # not a process, or one that ended meanwhile
+            continue
+        if entry.isdigit() and int(fields[2]) == group and fields[0] != "Z":
+            return True
+    return False
 
 
 def finish(path, part, status, seconds):

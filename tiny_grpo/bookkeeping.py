@@ -10,7 +10,7 @@ from tiny_grpo.report import Logger, PhasePeaks, diagnostics, held_out, report
 from tiny_grpo.rollout_log import RolloutLog
 from tiny_grpo.skill import faithful_share
 from tiny_grpo.stopping import Interrupts, say, stopped
-from tiny_grpo.view import draw_in_background, finish_drawing
+from tiny_grpo.view import write_page
 
 STOPS = (KeyboardInterrupt, RewardError, DivergedError)  # what ends a run early, the steps done saved
 
@@ -109,8 +109,8 @@ class Bookkeeping:
         that cannot be written is said, and the run goes on."""
         self.save_steps(step, position)
         if self.main and self.rollouts.path.exists():
-            try:  # drawn by a child process: the run pays neither the page's memory nor its time
-                draw_in_background(self.rollouts.path.parent)
+            try:  # the log read line by line: the page's memory does not grow with the run
+                write_page(self.rollouts.path.parent)
             except Exception as e:  # the page is a view of the log; the checkpoint is written
                 say(f"the run's page could not be written ({type(e).__name__}: {e}); the rollout log is in "
                     f"{self.rollouts.path}")
@@ -124,7 +124,6 @@ class Bookkeeping:
             except STOPS as e:  # Ctrl-C during the last save
                 stop = e
         self.rollouts.close()
-        finish_drawing()  # the page of the last checkpoint drawn before the run returns
         args = self.args  # a stop between the update and its report may have cut the step's evaluation short
         due = args.eval_interval and (self.step % args.eval_interval == 0 or self.step == args.max_steps)
         args.evaluation_owed = bool(not self.reported and due and self.step not in self.evals)

@@ -3,7 +3,7 @@ from the run's rollouts.jsonl (docs/rollout-log.md): one self-contained file, it
 offline and makes no network request. It shows the learning curves, each logged step's groups sorted by advantage with
 every completion's tokens coloured by a quantity the reader picks (advantage x ratio, ratio, clipped, KL, log-prob),
 and the held-out evaluation's completions, right and wrong. A run draws it at each checkpoint and at its end;
-draw_in_background draws it in a child process, so that the run pays neither its memory nor its time.
+draw_in_background draws it in a child process instead (no run uses it yet: docs/rollout-log.md).
 
 The log is read line by line, keeping only what the page can embed, so the memory needed does not grow with the log.
 Standard library only. Every text from the data reaches the page through textContent, never as HTML."""
