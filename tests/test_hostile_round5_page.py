@@ -129,20 +129,6 @@ def test_item_11_a_small_log_is_embedded_record_for_record(tmp_path):
     assert data["steps"] == [recs[2], again, recs[4]] and data["evals"] == [recs[1], recs[5]]
 
 
-def test_item_11_a_run_draws_its_page_in_a_child_process_one_at_a_time(tmp_path):
-    """draw_in_background returns at once; the page is drawn by one child process per run folder, which draws the
-    requests made while it draws once, after; finish_drawing (at the run's exit) waits for the last page."""
-    folder = write_log(tmp_path / "run", records(hostile=False)[:3])
-    first = view.draw_in_background(folder)
-    with open(folder / "rollouts.jsonl", "a", encoding="utf-8") as f:
-        f.write(json.dumps(records(hostile=False)[3]) + "\n")
-    second = view.draw_in_background(folder)
-    assert second is first and first.pid != os.getpid()  # one child, still the same
-    view.finish_drawing()
-    assert first.wait(timeout=30) == 0
-    assert [s["step"] for s in embedded(folder / "rollouts.html")["steps"]] == [1, 2]  # the last request's log
-
-
 # ---- item 12: one record of the wrong shape blanked the whole page ----
 
 BAD = {  # a record of the wrong shape, and where the page's note says it departs

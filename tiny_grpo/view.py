@@ -2,14 +2,12 @@
 from the run's rollouts.jsonl (docs/rollout-log.md): one self-contained file, its data embedded as JSON, that opens
 offline and makes no network request. It shows the learning curves, each logged step's groups sorted by advantage with
 every completion's tokens coloured by a quantity the reader picks (advantage x ratio, ratio, clipped, KL, log-prob),
-and the held-out evaluation's completions, right and wrong. A run draws it at each checkpoint and at its end;
-draw_in_background draws it in a child process instead (no run uses it yet: docs/rollout-log.md).
+and the held-out evaluation's completions, right and wrong. A run draws it at each checkpoint and at its end.
 
 The log is read line by line, keeping only what the page can embed, so the memory needed does not grow with the log.
 Standard library only. Every text from the data reaches the page through textContent, never as HTML."""
 
-import argparse, atexit, bisect, collections, contextlib, html, itertools, json, math, os  # noqa: E401
-import subprocess, sys  # noqa: E401
+import argparse, bisect, collections, contextlib, html, itertools, json, math, os, sys  # noqa: E401
 from pathlib import Path
 
 from tiny_grpo.errors import InputError
@@ -430,77 +428,12 @@ def _joined(parts):
         yield b"," + part if i else part
 
 
-_drawers = {}  # run folder -> the child process that draws its page when asked
-
-
-def draw_in_background(run_folder):
-    """Ask a child process (python -m tiny_grpo.view RUN_FOLDER --on-request) to draw the run's page, and return it
-    at once: the run pays neither the page's memory nor its time. One child per run folder draws one page at a time;
-    the requests made while it draws are drawn once, after. At exit the run waits for the last page (finish_drawing)."""
-    folder = Path(run_folder).resolve()
-    for attempt in (1, 2):
-        child = _drawers.get(folder)
-        if child is None or child.poll() is not None:  # none yet, or it ended (killed): a new one
-            _let_go(child)
-            child = _drawers[folder] = subprocess.Popen(
-                [sys.executable, "-m", "tiny_grpo.view", str(folder), "--on-request"], stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL, cwd=Path(__file__).resolve().parent.parent,
-                start_new_session=True)  # a terminal's Ctrl-C goes to the run alone, whose last page it still draws
-        try:
-            child.stdin.write(b"d")
-            child.stdin.flush()
-            return child
-        except OSError:  # it ended since (its pipe is closed): a new one
-            _let_go(_drawers.pop(folder))
-            if attempt == 2:
-                raise
-
-
-def _let_go(child):
-    if child is not None:
-        with contextlib.suppress(OSError):
-            child.stdin.close()
-
-
-def finish_drawing(timeout=120):
-    """Tell each drawing child that no request follows, and wait (at most timeout seconds each) for the page it owes:
-    a run's last page is drawn when it exits. A child still drawing then finishes on its own."""
-    while _drawers:
-        folder, child = _drawers.popitem()
-        with contextlib.suppress(OSError, ValueError):
-            child.stdin.write(b"q")
-            child.stdin.close()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            child.wait(timeout)
-
-
-atexit.register(finish_drawing)  # a run's last page drawn before it exits
-
-
-def draw_on_request(run_folder, requests):
-    """The child's side of draw_in_background: each read from the requests pipe draws the page once, however many
-    requests it holds (those made while the last page was drawn); a 'q' (the run's exit) or the pipe's end stops it."""
-    while True:
-        asked = os.read(requests, 4096)
-        if asked.replace(b"q", b""):
-            try:
-                write_page(run_folder)
-            except Exception as e:  # the page is a view of the log: say why, and draw the next one
-                print(f"error: the run's page could not be drawn ({type(e).__name__}: {e})", file=sys.stderr)
-        if not asked or b"q" in asked:
-            return 0
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m tiny_grpo.view", description="Write a run's page, "
                                 "RUN_FOLDER/rollouts.html, from its rollouts.jsonl (docs/rollout-log.md).")
     p.add_argument("run_folder", metavar="RUN_FOLDER", help="LOG_DIR/RUN_NAME, the folder holding rollouts.jsonl")
     p.add_argument("--output", metavar="FILE", help="write the page here instead of RUN_FOLDER/rollouts.html")
-    p.add_argument("--on-request", action="store_true", help="draw the page again at each request read from standard "
-                   "input, until a 'q' or its end (what a run's draw_in_background starts)")
     args = p.parse_args(argv)
-    if args.on_request:
-        return draw_on_request(args.run_folder, sys.stdin.fileno())
     try:
         path = write_page(args.run_folder, args.output)
     except InputError as e:
