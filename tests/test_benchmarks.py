@@ -97,6 +97,16 @@ def test_sampling_benchmark_times_the_same_tokens_both_ways(tiny_model_dir, tmp_
     assert table["dropped"]["tokens"] == table["tokens"]
 
 
+def test_sampling_benchmark_switches_the_packed_weights(tiny_model_dir, tmp_path):
+    """--lever packed: the plain products against the weights packed for oneDNN, both timed on the same tokens
+    where the products are the same bits (test_onednn.py); bfloat16, the only dtype packed."""
+    stdout, table = run_benchmark(tmp_path, "sampling.py", "--model-name", tiny_model_dir, "--max-new-tokens", "12",
+                                  "--repeats", "1", "--dtype", "bfloat16", "--lever", "packed", dtype="bfloat16")
+    assert "| products |" in stdout and "| plain |" in stdout and "| packed |" in stdout and "| kept |" not in stdout
+    assert table["packed"]["ratio_to_plain"] == table["packed"]["seconds"] / table["plain"]["seconds"]
+    assert table["plain"]["completions_unlike_plain"] == 0 and 0 <= table["packed"]["completions_unlike_plain"] <= 16
+
+
 def test_learning_benchmark_runs(tiny_model_dir, tmp_path):
     """Two seeds through experiment_drgrpo (experiment_base, the default, differs only in the path and the recipe's
     beta, tested below), its algorithm given after --."""

@@ -11,6 +11,7 @@ from conftest import SINGLE_PROCESS, assert_seeded_shuffles, four_sequences, loa
 import tiny_grpo.decode
 import tiny_grpo.logprobs
 import tiny_grpo.models
+import tiny_grpo.onednn
 import tiny_grpo.update
 
 
@@ -549,10 +550,12 @@ def load_4bit(experiment, model_dir, dtype, *extra):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_dequantized_sampling_weights_are_the_4bit_layers_products(experiment, tiny_model_dir, dtype):
+def test_dequantized_sampling_weights_are_the_4bit_layers_products(experiment, tiny_model_dir, dtype, monkeypatch):
     """--sampling-weights dequantized: inside sampling_weights each 4-bit layer multiplies by its weight dequantized
     once; bitsandbytes dequantizes and multiplies too, so the logits are the same bits. On leaving, every layer is
-    its own 4-bit layer again (training needs bitsandbytes' backward)."""
+    its own 4-bit layer again (training needs bitsandbytes' backward). The output layer's packing, which may round
+    otherwise: off here (test_onednn.py)."""
+    monkeypatch.setattr(tiny_grpo.onednn, "PACKING", False)
     args, model, tokenizer, layers = load_4bit(experiment, tiny_model_dir, dtype, "--sampling-weights", "dequantized")
     batch = tokenizer(["12+34=46", "9*9=81xx", "7-2"], return_tensors="pt", padding=True)
     with torch.no_grad():
@@ -566,7 +569,7 @@ def test_dequantized_sampling_weights_are_the_4bit_layers_products(experiment, t
 
 
 def test_sampling_weights_auto_copies_when_a_quarter_of_the_free_memory_holds_it(experiment, tiny_model_dir, monkeypatch):
-    args, model, _, layers = load_4bit(experiment, tiny_model_dir, "float32")
+    args, model, _, layers = load_4bit(experiment, tiny_model_dir, "float32")  # float32: nothing packed
     assert args.sampling_weights == "auto"
     size = sum(m.weight.quant_state.shape.numel() for m in layers) * 4  # bytes of the float32 copy
 
@@ -582,7 +585,8 @@ def test_sampling_weights_auto_copies_when_a_quarter_of_the_free_memory_holds_it
     assert 0 < tiny_grpo.models.free_memory("cpu") <= os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")  # MemAvailable
 
 
-def test_a_rollout_from_dequantized_weights_draws_the_same_tokens(task_experiment, tiny_model_dir):
+def test_a_rollout_from_dequantized_weights_draws_the_same_tokens(task_experiment, tiny_model_dir, monkeypatch):
+    monkeypatch.setattr(tiny_grpo.onednn, "PACKING", False)  # the output layer's packing: test_onednn.py
     args, model, tokenizer, _ = load_4bit(task_experiment, tiny_model_dir, "bfloat16", "--sampling-weights", "dequantized")
     tasks = [{"prompt": tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
                                                       add_generation_prompt=True), "answer": "5"} for q in ("2+3", "4*4", "9-1")]

@@ -14,7 +14,8 @@ def body_and_head(model):
     (a strided [B, 1, H] slice makes PyTorch's CPU matmul copy the whole matrix per row: 100x slower at 262k)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     lm_head, softcap = output_layer(model)
-    return base.get_decoder(), lambda hidden: output_logits(hidden, lm_head.weight, lm_head.bias, softcap)
+    product = getattr(lm_head, "sampling_product", None)  # its weight packed for oneDNN, inside sampling_weights
+    return base.get_decoder(), lambda hidden: output_logits(hidden, lm_head.weight, lm_head.bias, softcap, product=product)
 
 def output_layer(model):
     """(the output layer, a torch.nn.Linear; its logit soft-capping s, or None)."""
@@ -27,12 +28,16 @@ def output_layer(model):
 
 OUTPUT_BLOCK = 1024  # on a CPU in float32, output_logits forms W h^T this many vocabulary ids at a time (README)
 
-def output_logits(hidden, weight, bias=None, softcap=None, temperature=1.0, work=None):
+def output_logits(hidden, weight, bias=None, softcap=None, temperature=1.0, work=None, product=None):
     """Float32 logits z = c(W h + b) / T [N, V] of rows h [N, H]: c the Gemma-2 style soft-capping s tanh(u / s) when
     the model has one, T the sampling temperature. Into work = (a buffer of at least V N elements in W's dtype,
     z [n, V] float32, ...), n >= N, when given (ActionLogProb's workspace), else into new tensors. Autograd off
-    (the sampler, ActionLogProb's two passes): the products write into their buffers."""
-    x = hidden.to(weight.dtype)  # u = W h + b, taken as u^T = W h^T [V, N], not h W^T: at V = 262k PyTorch's CPU
+    (the sampler, ActionLogProb's two passes): the products write into their buffers. product: W h + b's fast form
+    (a PackedLinear, the same bits), taken instead of the products below when given and no work is."""
+    x = hidden.to(weight.dtype)
+    if product is not None and work is None:
+        return output_logits_after(product(x).float(), softcap, temperature)
+    # u = W h + b, taken as u^T = W h^T [V, N], not h W^T: at V = 262k PyTorch's CPU
     # float32 kernel of h W^T was 2 to 4 times slower for a few rows, 1.4 for 64 (README, Speed and memory against TRL)
     vocab = len(weight)
     block = OUTPUT_BLOCK if weight.device.type == "cpu" and weight.dtype == torch.float32 else vocab  # a GPU: one product
@@ -45,6 +50,10 @@ def output_logits(hidden, weight, bias=None, softcap=None, temperature=1.0, work
         part = u[: min(block, vocab - start)] if work is None else u[ids]
         torch.mm(weight[ids], x.t(), out=part) if bias is None else torch.addmm(bias[ids, None], weight[ids], x.t(), out=part)
         logits[:, ids].copy_(part.t())  # [N, V] float32, rows contiguous
+    return output_logits_after(logits, softcap, temperature)
+
+def output_logits_after(logits, softcap, temperature):
+    """u [N, V] float32 -> z = c(u) / T, in place."""
     if softcap:
         logits.div_(softcap).tanh_().mul_(softcap)  # c = s tanh(u / s)
     return logits.div_(temperature) if temperature != 1 else logits  # at T = 1 the division would be a pass for nothing

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from tiny_grpo.errors import InputError
+from tiny_grpo.onednn import PackedLinear, can_pack
 
 # On CUDA the allocator maps memory in pages that one phase frees and the next reuses (the KV cache's shapes, then the
 # training pass's), instead of holding blocks cut for the first phase's shapes: the reserved peak stays near the
@@ -216,12 +217,21 @@ def keep_quantized_layout(model):
 
 @contextlib.contextmanager
 def sampling_weights(model, args):
-    """Inside: every 4-bit layer multiplies by its weight dequantized once, here, instead of dequantizing it again at
-    every token. bitsandbytes dequantizes, then multiplies: the same product, and on a CPU the same bits (on a GPU,
-    for a few rows, its fused kernel rounds otherwise). On a GPU a decode step is mostly kernel launches (README:
-    where sampling's time goes); this takes bitsandbytes' own out of each. The copy costs 2 bytes a weight in
-    bfloat16: --sampling-weights auto takes it when it fits in a quarter of the free memory. It is made again for
-    each rollout (the weights are frozen, but training then has the memory back)."""
+    """Inside, the weights a rollout samples from, in the form that samples fastest (the same products):
+    - every 4-bit layer multiplies by its weight dequantized once, here, instead of dequantizing it again at every
+      token (dequantized_weights);
+    - on a CPU in bfloat16, every frozen unquantized linear layer, the output layer included, by its weight packed
+      once for oneDNN (packed_weights, tiny_grpo/onednn.py).
+    Each copy is made again for each rollout (the weights are frozen, but training then has the memory back)."""
+    with dequantized_weights(model, args), packed_weights(model):
+        yield
+
+@contextlib.contextmanager
+def dequantized_weights(model, args):
+    """bitsandbytes dequantizes, then multiplies: the same product, and on a CPU the same bits (on a GPU, for a few
+    rows, its fused kernel rounds otherwise). On a GPU a decode step is mostly kernel launches (README: where
+    sampling's time goes); this takes bitsandbytes' own out of each. The copy costs 2 bytes a weight in bfloat16:
+    --sampling-weights auto takes it when it fits in a quarter of the free memory."""
     if args.quantization != "4bit" or args.sampling_weights == "4bit":
         yield
         return
@@ -246,6 +256,23 @@ def sampling_weights(model, args):
     finally:
         for layer in layers:
             del layer.forward
+
+@contextlib.contextmanager
+def packed_weights(model):
+    """Every frozen bfloat16 torch.nn.Linear of model on a CPU (can_pack) multiplies by its weight packed once for
+    oneDNN, when the copies fit in a quarter of the free memory. The output layer's packed product is also left
+    as its sampling_product, which body_and_head's output layer takes."""
+    layers = [m for m in model.modules() if type(m) is torch.nn.Linear and can_pack(m.weight)]
+    if not layers or sum(m.weight.nbytes for m in layers) > free_memory("cpu") / 4:
+        yield
+        return
+    for layer in layers:
+        layer.sampling_product = layer.forward = PackedLinear(layer.weight, layer.bias)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            del layer.forward, layer.sampling_product
 
 def chat_prompt(tokenizer, messages):
     """The chat template's prompt for messages, a system turn first; a template that refuses a system turn gets its
