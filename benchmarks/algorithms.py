@@ -99,8 +99,8 @@ def row(algorithm, result):
     return {"algorithm": algorithm, "before": run["before"]["accuracy"], "after": run["after"]["accuracy"],
             "gain": run["gain"], "minutes": run["minutes"], "step_seconds": mean("perf/step_seconds"),
             "kl_at_end": values("train/kl")[-1] if values("train/kl") else None,
-            "clip_fraction": mean("train/clip_fraction"), "clip_fraction_low": mean("train/clip_fraction_low"),
-            "clip_fraction_high": mean("train/clip_fraction_high"),
+            "clip_fraction": mean("train/clip_fraction"), "clip_low_fraction": mean("train/clip_low_fraction"),
+            "clip_high_fraction": mean("train/clip_high_fraction"),
             "completion_length": [length[0], length[-1]] if length else None,
             "equal_reward_groups": mean("rollout/zero_spread_groups"),  # each step logs its share; the mean over steps
             "sampled": [sum(sample["correct"] for sample in run["samples"]), len(run["samples"])]}
@@ -111,7 +111,7 @@ def markdown(r):
     length = "-" if r["completion_length"] is None else f"{r['completion_length'][0]:.0f} -> {r['completion_length'][1]:.0f}"
     return (f"| {r['algorithm']} | {r['before']:.0%} | {r['after']:.0%} | {r['gain']:+.0%} | {r['minutes']:.1f} | "
             f"{number(r['step_seconds'], '.0f')} | {number(r['kl_at_end'], '.4f')} | {number(r['clip_fraction'], '.3f')} "
-            f"({number(r['clip_fraction_low'], '.3f')} / {number(r['clip_fraction_high'], '.3f')}) | {length} | "
+            f"({number(r['clip_low_fraction'], '.3f')} / {number(r['clip_high_fraction'], '.3f')}) | {length} | "
             f"{number(r['equal_reward_groups'], '.0%')} | {r['sampled'][0]} of {r['sampled'][1]} |")
 
 

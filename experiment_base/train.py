@@ -38,10 +38,10 @@ from tiny_grpo.logprobs import fast_log_probs
 from tiny_grpo.models import (attention_implementation, chat_prompt, keep_quantized_layout, load_tokenizer,
     resolve_dtype, resolve_model_path, sampling_weights, uncast_lora_inputs)
 from tiny_grpo.options import HelpFormatter, add_setup_options, has_splits, integer, real, resolve_device
-from tiny_grpo.report import StepStatistics, clip_gradients
+from tiny_grpo.report import StepStatistics
 from tiny_grpo.rewards import OutsideTerms
 from tiny_grpo.skill import baseline_scores
-from tiny_grpo.update import OldLogProbs, micro_batches, rows_that_count
+from tiny_grpo.update import OldLogProbs, clip_gradients, micro_batches, rows_that_count
 
 # ---- Configuration ----
 

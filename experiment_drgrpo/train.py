@@ -61,10 +61,9 @@ from tiny_grpo.logprobs import fast_log_probs
 from tiny_grpo.models import (attention_implementation, chat_prompt, keep_quantized_layout, load_tokenizer,
     resolve_dtype, resolve_model_path, sampling_weights, uncast_lora_inputs)
 from tiny_grpo.options import HelpFormatter, add_setup_options, has_splits, integer, real, resolve_device
-from tiny_grpo.report import clip_gradients
 from tiny_grpo.rewards import OutsideTerms
 from tiny_grpo.skill import baseline_scores
-from tiny_grpo.update import OldLogProbs, micro_batches, rows_that_count
+from tiny_grpo.update import OldLogProbs, clip_gradients, micro_batches, rows_that_count
 
 # ---- Configuration ----
 
@@ -682,8 +681,8 @@ def grpo_loss(log_probs, old_log_probs, advantages, action_mask, clip_eps=0.2, r
         clipped_high = (ratio > 1 + clip_eps_high) & (advantages > 0)  # ... and a good token's from rising further
     clipped_low, clipped_high = clipped_low.expand_as(log_probs), clipped_high.expand_as(log_probs)  # gspo: [B, 1]
     stats["clip_fraction"] = masked_mean((clipped_low | clipped_high).float(), action_mask).item()
-    stats["clip_fraction_low"] = masked_mean(clipped_low.float(), action_mask).item()
-    stats["clip_fraction_high"] = masked_mean(clipped_high.float(), action_mask).item()
+    stats["clip_low_fraction"] = masked_mean(clipped_low.float(), action_mask).item()
+    stats["clip_high_fraction"] = masked_mean(clipped_high.float(), action_mask).item()
     stats["ratio"] = masked_mean(ratio.expand_as(log_probs), action_mask).item()
     # per token, for the rollout log (docs/rollout-log.md): clipped +1 above 1 + eps_high, -1 below 1 - eps_low
     stats["tokens"] = {"logp_old": old_log_probs, "ratio": ratio.detach(), "clipped": clipped_high.float() - clipped_low.float(),
@@ -883,7 +882,7 @@ class StepStatistics:
     ran. updates: the step's optimizer updates."""
 
     def __init__(self, kl, updates):
-        self.logged = ["loss", "clip_fraction", "clip_fraction_low", "clip_fraction_high"] + (["kl"] if kl else [])
+        self.logged = ["loss", "clip_fraction", "clip_low_fraction", "clip_high_fraction"] + (["kl"] if kl else [])
         self.totals = dict.fromkeys(self.logged + ["grad_norm", "lr"], 0.0)
         self.updates, self.done, self.last_loss = updates, 0, math.nan
         self.entropy_sum, self.ran, self.tokens = 0.0, 0, []

@@ -122,7 +122,7 @@ def test_learning_benchmark_runs(tiny_model_dir, tmp_path):
     assert [run["seed"] for run in runs] == [42, 43] and all(run["minutes"] > 0 for run in runs)
     for run in runs:  # each seed's own curve, from its own TensorBoard folder
         assert run["command"][1] == str(ROOT / "experiment_drgrpo" / "train.py") and "--algorithm" in run["command"]
-        assert "train/clip_fraction_high" in run["curves"]  # the drgrpo copy's own metrics
+        assert "train/clip_high_fraction" in run["curves"]  # the drgrpo copy's own metrics
         assert [step for step, _ in run["curves"]["eval/accuracy"]] == [0, 1]
         assert run["before"]["accuracy"] == run["curves"]["eval/accuracy"][0][1]
         assert run["after"]["format_rate"] == run["curves"]["eval/format_rate"][-1][1]
@@ -145,8 +145,8 @@ def algorithm_run(algorithm, steps, kl, lengths):
                "100", "--seed", "42", "--rollouts-per-step", "8", "--group-size", "8", "--algorithm", algorithm, "--log-kl"]
     curves = {"eval/accuracy": [(0, 0.02), (5, 0.3), (10, 0.5)], "rollout/reward_mean": [(1, 0.0), (10, 0.4)],
               "perf/step_seconds": [(1, 30.0), (10, 50.0)], "train/kl": [(1, 0.0), (10, kl)],
-              "train/clip_fraction": [(1, 0.0), (10, 0.02)], "train/clip_fraction_low": [(1, 0.0), (10, 0.004)],
-              "train/clip_fraction_high": [(1, 0.0), (10, 0.016)], "rollout/completion_length": list(enumerate(lengths, 1)),
+              "train/clip_fraction": [(1, 0.0), (10, 0.02)], "train/clip_low_fraction": [(1, 0.0), (10, 0.004)],
+              "train/clip_high_fraction": [(1, 0.0), (10, 0.016)], "rollout/completion_length": list(enumerate(lengths, 1)),
               "rollout/zero_spread_groups": [(1, 1.0), (10, 0.5)]}
     run = {"seed": 42, "before": {"accuracy": 0.02}, "after": {"accuracy": 0.5}, "gain": 0.48, "minutes": 9.5,
            "samples": [{"correct": True}, {"correct": False}, {"correct": True}], "curves": curves, "command": command}
@@ -167,7 +167,7 @@ def test_algorithms_benchmark_tables_the_runs_it_finds(tmp_path, capsys):
     table = json.loads((tmp_path / "algorithms.json").read_text())
     grpo, dapo = table["rows"]
     assert grpo["kl_at_end"] == 0.0123 and dapo["completion_length"] == [58.0, 80.0]
-    assert grpo["step_seconds"] == 40.0 and grpo["clip_fraction_high"] == 0.008 and grpo["equal_reward_groups"] == 0.75
+    assert grpo["step_seconds"] == 40.0 and grpo["clip_high_fraction"] == 0.008 and grpo["equal_reward_groups"] == 0.75
     assert "| grpo | 2% | 50% | +48% | 9.5 | 40 | 0.0123 | 0.010 (0.002 / 0.008) | 60 -> 41 | 75% | 2 of 3 |" in capsys.readouterr().out
     assert (tmp_path / "algorithms.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     (tmp_path / "dapo" / "learning.json").write_text(json.dumps(algorithm_run("dapo", 20, 0.5, [58.0])))

@@ -5,6 +5,7 @@ keeps in its own file instead of importing it from tiny_grpo/ is listed too. Bot
 experiment_base and not carried to a copy fails here, and so does a name that no longer differs but is still listed."""
 
 import ast
+import difflib
 
 import pytest
 from conftest import EXPERIMENTS, ROOT
@@ -31,6 +32,24 @@ TOPIC = {
                           "train_step": "token-level means, several updates a rollout"},
     "experiment_multiturn_qa": MULTI_TURN,
     "experiment_multiturn_tool_calling": MULTI_TURN,
+}
+# How many of experiment_base's lines each listed name drops / adds in the copy (difflib's diff of the two sources):
+# a reason above covers those lines only, so a change anywhere else in the function (a fix made in experiment_base and
+# not carried over) fails here too, with the diff shown
+CHANGED_LINES = {
+    "experiment_accelerate": "complete_args 3/6 parse_args 4/8 run 7/23 train_step 21/30",
+    "experiment_accelerate_ddp": "complete_args 3/0 parse_args 6/16 run 14/32 train_step 28/37",
+    "experiment_drgrpo": "DEVICE_DEFAULTS 1/1 complete_args 0/8 group_advantages 1/9 grpo_loss 12/44 parse_args 7/44 run 7/22 "
+                         "train_step 10/40",
+    "experiment_multiturn_qa": "DEFAULT_REWARD_WEIGHTS 1/1 DEVICE_DEFAULTS 4/3 REWARD_TERMS 1/1 Rollout 4/10 STOP_STRINGS 1/1 "
+                               "Scorer 4/3 add_prompts 3/3 complete_args 5/3 correctness 8/7 evaluate 5/10 format_prompt 10/8 "
+                               "format_score 6/9 load_inputs 4/4 parse_args 4/8 reward_terms 5/7 rollout 9/22 run 9/8 "
+                               "sequence_log_probs 5/5 system_prompt 3/4 train_step 1/2",
+    "experiment_multiturn_tool_calling": "DEFAULT_REWARD_WEIGHTS 1/1 DEVICE_DEFAULTS 4/3 REWARD_TERMS 1/1 Rollout 4/9 "
+                                         "STOP_STRINGS 1/1 Scorer 4/2 add_prompts 1/1 complete_args 4/2 correctness 6/2 "
+                                         "evaluate 2/4 format_prompt 11/7 format_score 6/6 load_inputs 4/3 parse_args 6/9 "
+                                         "reward_terms 5/5 rollout 10/16 run 6/4 sequence_log_probs 5/6 system_prompt 3/5 "
+                                         "train_step 1/2",
 }
 # The plumbing a copy keeps in its own file, where tiny_grpo/ has a version of the same name: what its experiment
 # changes there, and what calls that (a package function would call the package's own version)
@@ -82,6 +101,15 @@ def test_a_copy_is_experiment_base_but_for_its_topic(name):
     differ = {n for n in base.keys() & copy.keys() if base[n] != copy[n]}
     unlisted, same = sorted(differ - set(TOPIC[name])), sorted(set(TOPIC[name]) - differ)
     assert not unlisted and not same, f"differ from experiment_base, no reason listed: {unlisted}; listed, the same: {same}"
+    words = CHANGED_LINES[name].split()
+    listed = dict(zip(words[::2], words[1::2]))  # {name: "dropped/added"}
+    for function in sorted(differ):
+        diff = [line for line in difflib.unified_diff(base[function].splitlines(), copy[function].splitlines(), lineterm="",
+                                                      n=0) if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+        counted = f"{sum(line[0] == '-' for line in diff)}/{sum(line[0] == '+' for line in diff)}"
+        assert counted == listed.get(function), f"{function} differs from experiment_base in other lines than listed " \
+            f"({counted}, listed {listed.get(function)}):\n" + "\n".join(diff)
+    assert sorted(listed) == sorted(differ)
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)

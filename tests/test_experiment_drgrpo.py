@@ -65,8 +65,8 @@ def test_loss_by_hand(drgrpo, algorithm, expected_loss, clip_low, clip_high):
     loss, stats = drgrpo.grpo_loss(log_probs, old, advantages, mask, clip_eps=0.2, algorithm=algorithm,
                                    clip_eps_high=0.28 if algorithm == "dapo" else None, max_length=4)
     assert loss.item() == pytest.approx(expected_loss, abs=1e-6)
-    assert stats["clip_fraction_low"] == pytest.approx(clip_low)
-    assert stats["clip_fraction_high"] == pytest.approx(clip_high)
+    assert stats["clip_low_fraction"] == pytest.approx(clip_low)
+    assert stats["clip_high_fraction"] == pytest.approx(clip_high)
     assert stats["clip_fraction"] == pytest.approx(clip_low + clip_high)
     loss.backward()
     grad = log_probs.grad
@@ -131,7 +131,7 @@ def test_reinforce_pp_loss_by_hand(drgrpo):
                 low += rho < 0.8 and adv < 0
                 high += rho > 1.2 and adv > 0
     assert loss.item() == pytest.approx(sum(terms) / 9, abs=1e-6)
-    assert stats["clip_fraction_low"] == pytest.approx(low / 9) and stats["clip_fraction_high"] == pytest.approx(high / 9)
+    assert stats["clip_low_fraction"] == pytest.approx(low / 9) and stats["clip_high_fraction"] == pytest.approx(high / 9)
     assert low + high > 0  # the batch does reach the clip
 
 
@@ -199,7 +199,7 @@ def test_gspo_loss_by_hand(drgrpo):
     loss, stats = drgrpo.grpo_loss(log_probs.detach(), old, advantages, mask, clip_eps=3e-4, algorithm="gspo",
                                    clip_eps_high=4e-4)
     assert loss.item() == pytest.approx((-s0 * A + (1 - 3e-4) * A) / 4, abs=1e-6)
-    assert stats["clip_fraction_low"] == pytest.approx(2 / 9)  # sequence 1's two tokens
+    assert stats["clip_low_fraction"] == pytest.approx(2 / 9)  # sequence 1's two tokens
 
 
 # CISPO on the hand batch, eps_low 0.2, eps_high 0.28: per token -sg(clip(rho, 0.8, 1.28)) * A * log pi, mean over 9
@@ -216,7 +216,7 @@ def test_cispo_loss_by_hand(drgrpo):
     assert torch.allclose(log_probs.grad[0], torch.tensor([-1.28, -1.25, -0.8]) * A / 9, atol=1e-6)
     assert torch.allclose(log_probs.grad[1, :2], torch.tensor([0.8, 1.28]) * A / 9, atol=1e-6)
     # the weight is capped whatever the sign of A (even 0): rho 1.5 (twice) and 1.3 above 1.28; 0.5 (twice), 0.7 below 0.8
-    assert stats["clip_fraction_high"] == pytest.approx(3 / 9) and stats["clip_fraction_low"] == pytest.approx(3 / 9)
+    assert stats["clip_high_fraction"] == pytest.approx(3 / 9) and stats["clip_low_fraction"] == pytest.approx(3 / 9)
 
 
 def paper_loss(algorithm, log_probs, old, ref, advantages, mask, eps_low, eps_high, beta, max_length):
@@ -576,7 +576,7 @@ def test_two_steps_end_to_end(drgrpo, algorithm, tiny_model_dir, tmp_path, monke
         monkeypatch.setattr(sys, "path", list(sys.path))  # which the run adds to sys.path: undone after the test
         drgrpo.main([str(a) for a in argv])
     scalars = tensorboard_scalars(tmp_path / "runs")
-    for tag in ("train/clip_fraction_low", "train/clip_fraction_high", "train/clip_fraction", "train/entropy",
+    for tag in ("train/clip_low_fraction", "train/clip_high_fraction", "train/clip_fraction", "train/entropy",
                 "train/kl", "rollout/zero_spread_groups", "rollout/groups_dropped", "rollout/extra_rounds",
                 "rollout/completion_length", "rollout/reward_mean"):
         assert sorted(step for step, _ in scalars[tag]) == [1, 2], tag

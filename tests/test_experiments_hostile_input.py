@@ -12,7 +12,7 @@ import torch
 from conftest import EXPERIMENTS, ROOT, SINGLE_PROCESS, hang_guard, load_experiment
 import tiny_grpo.checkpoints
 import tiny_grpo.errors
-import tiny_grpo.options
+import tiny_grpo.urls
 import tiny_grpo.rewards
 import tiny_grpo.stopping
 
@@ -1248,8 +1248,8 @@ def test_every_kind_of_reward_url_secret_is_hidden_and_sent_decoded(experiment, 
     """redact stopped at the first '/', so a password holding '/' was printed whole, one holding '@' in part (and the
     wrong one sent); a percent-encoded password was sent still encoded; a ?token= was printed and stored."""
     secret = "hunter2" if auth is None else auth.split(":", 1)[1]
-    assert tiny_grpo.options.credentials(url)[1] == auth
-    assert tiny_grpo.options.redact(url) == ("http://***@127.0.0.1:9/reward" if auth else "http://127.0.0.1:9/reward?***")
+    assert tiny_grpo.urls.credentials(url)[1] == auth
+    assert tiny_grpo.urls.redact(url) == ("http://***@127.0.0.1:9/reward" if auth else "http://127.0.0.1:9/reward?***")
     with pytest.raises(tiny_grpo.errors.RewardError) as error:
         tiny_grpo.rewards.remote_rewards(url, ["c"], ["a"], [{}], timeout=1.0, retries=1)
     assert "ter2" not in str(error.value) and "%40" not in str(error.value), str(error.value)

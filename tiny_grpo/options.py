@@ -1,13 +1,14 @@
 """The options every experiment shares (the model, task and reward, evaluation, checkpoints, logging), their types
 and checks."""
 
-import argparse, math, re, sys, urllib.parse, urllib3  # noqa: E401
+import argparse, math, re, sys, urllib3  # noqa: E401
 from pathlib import Path
 
 import torch
 
 from tiny_grpo.data import hub_id, located
 from tiny_grpo.models import PACKAGED_GEMMA
+from tiny_grpo.urls import credentials, redact
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     """argparse's own: each option's help ends with its default; the description keeps its line breaks."""
@@ -41,33 +42,6 @@ def http_url(text):
     if not host or not re.fullmatch(r"https?://[^/\s]+(/\S*)?", address):
         raise argparse.ArgumentTypeError(f"expected http://HOST[:PORT]/PATH or https://..., got {redact(text)!r}")
     return text
-
-def credentials(url):
-    """(url without its USER:PASSWORD@, 'user:password' percent-decoded or None). The userinfo ends at the last '@'
-    before any '?', so a password may hold '/', ':' or '@' as typed, or percent-encoded (%40 for '@', %3F for '?')."""
-    scheme, sep, rest = url.partition("://")
-    head, query = re.match(r"([^?#]*)(.*)", rest, re.S).groups()
-    userinfo, at, host = head.rpartition("@")
-    if not sep or not at:
-        return url, None
-    return f"{scheme}://{host}{query}", urllib.parse.unquote(userinfo)
-
-def redact(url):
-    """url as it may be printed, logged or stored: USER:PASSWORD@ (up to the last '@') as ***@, the query as ?***."""
-    if not url:
-        return url
-    scheme, sep, rest = url.partition("://")
-    if "@" in rest:
-        rest = "***@" + rest.rpartition("@")[2]
-    return scheme + sep + re.sub(r"[?#].*", "?***", rest, flags=re.S)
-
-def scrub(text, url):
-    """text (an exception's message) with url's secrets shown as redact shows them: the address urllib3 saw holds
-    no password, but a query it may quote."""
-    address, _ = credentials(url)
-    query = re.match(r"[^?#]*\??([^#]*)", address).group(1)
-    text = text.replace(url, redact(url)).replace(address, redact(url))
-    return text.replace(query, "***") if query else text
 
 def recorded_options(args):
     """The options as checkpoints and W&B record them: all of them, the reward service's credentials and query

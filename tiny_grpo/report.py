@@ -1,14 +1,15 @@
 """What a run shows: TensorBoard and W&B, each step's metrics, the phases' memory peaks, the progress bar and the
-closing line; train_step's statistics and its gradient's clipping."""
+closing line; train_step's statistics."""
 
 import contextlib, hashlib, math, os, re, resource, sys  # noqa: E401
 from pathlib import Path
 
 import torch
 
-from tiny_grpo.errors import DivergedError, InputError
-from tiny_grpo.options import recorded_options, redact
+from tiny_grpo.errors import InputError
+from tiny_grpo.options import recorded_options
 from tiny_grpo.stopping import say
+from tiny_grpo.urls import redact
 
 class StepStatistics:
     """What train_step logs, as means over a step: the loss terms over its updates (each micro-batch by its share of
@@ -49,19 +50,6 @@ class StepStatistics:
     def means(self):
         return {**self.totals, **({"entropy": self.entropy_sum / self.ran} if self.ran else {}), **self.sides,
                 "tokens": self.tokens}
-
-def clip_gradients(model, max_norm, stats):
-    """torch.nn.utils.clip_grad_norm_ over the trainable weights, after a zero gradient for those no sequence reached
-    (the update still steps, as it would on zero gradients). A norm of inf or nan stops the run (DivergedError) before
-    an update is made with it. Returns the norm before clipping."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-    if not torch.isfinite(grad_norm):
-        raise DivergedError(grad_norm.item(), stats.last_loss, stats.done)
-    return grad_norm
 
 WANDB_REFUSES = "/\\#?%:"  # characters W&B takes in no run id nor project name
 

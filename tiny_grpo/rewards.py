@@ -7,6 +7,7 @@ from multiprocessing.connection import Connection
 
 from tiny_grpo.errors import InputError, RewardError
 from tiny_grpo.stopping import say
+from tiny_grpo.urls import credentials, redact, scrub
 
 # tiny_grpo.options (and with it torch) is imported where a reward service is asked, not here: the --reward-fn worker
 # process imports this module, and starts in a fifth of a second without torch instead of two and a half with it
@@ -367,8 +368,6 @@ def remote_rewards(url, completions, answers, metadata, timeout=30.0, retries=3)
     stops the run. The tries are counted here, not by urllib3's Retry: each try runs under within(), its whole answer
     in `timeout` seconds (urllib3's timeout bounds each read only: a byte a second would hold the run), and urllib3
     retries inside one call, which no outside bound can cut into tries, nor would it reread a body cut short."""
-    from tiny_grpo.options import redact, scrub  # here, not at the top: see there
-
     shown = redact(url)
     try:
         body = json.dumps({"completions": completions, "answers": answers, "metadata": metadata}).encode()
@@ -409,8 +408,6 @@ def post(url, body, timeout):
     the Location and at most MAX_REPLY_BYTES + 1 bytes of the answer; urllib3 raises IncompleteRead (in a
     ProtocolError) where the answer stops short of its Content-Length. A user:password@ in the URL is sent as basic
     authentication (UTF-8, RFC 7617), never as part of the address urllib3 sees and may quote."""
-    from tiny_grpo.options import credentials  # here, not at the top: see there
-
     address, auth = credentials(url)
     headers = {"Content-Type": "application/json"}
     if auth is not None:

@@ -1,8 +1,11 @@
 """train_step's two fast forms, each the plain form's numbers at less cost: the rows that add nothing left out, and
 pi_old taken from the first pass's own forward. tests/test_experiments_grpo_math.py holds each equal to its plain
-form (test_zero_advantages_are_left_out_and_the_update_is_the_same, test_pi_old_from_the_first_pass_is_its_own_pass)."""
+form (test_zero_advantages_are_left_out_and_the_update_is_the_same, test_pi_old_from_the_first_pass_is_its_own_pass).
+And the update's guard: clip_gradients, which stops the run before an update with a gradient of inf or nan."""
 
 import torch
+
+from tiny_grpo.errors import DivergedError
 
 
 def micro_batches(rows, size, counted=None):
@@ -44,3 +47,17 @@ class OldLogProbs:
         if self.first_pass and epoch == 0:
             self.values[idx] = new_log_probs.detach()
         return self.values[idx]
+
+
+def clip_gradients(model, max_norm, stats):
+    """torch.nn.utils.clip_grad_norm_ over the trainable weights, after a zero gradient for those no sequence reached
+    (the update still steps, as it would on zero gradients). A norm of inf or nan stops the run (DivergedError) before
+    an update is made with it. Returns the norm before clipping."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    if not torch.isfinite(grad_norm):
+        raise DivergedError(grad_norm.item(), stats.last_loss, stats.done)
+    return grad_norm
