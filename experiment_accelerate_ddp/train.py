@@ -72,35 +72,38 @@ DEVICE_DEFAULTS = dict(  # the options whose default depends on the device: (on 
     max_length=(512, 128), max_steps=(500, 20), lr=(2e-5, 1e-4), temperature=(1.0, 0.8), kl_weight=(0.01, 0.0),
     reward_weights=("", "format=0,reasoning=0"), eval_prompts=(200, 100), generation_batch_size=(256, None),
     task=("math", "sequence"))
-# CUDA: TRL's num_generations (8) and max_completion_length (512), 16 prompts (about 25 s a step on an H100, estimated).
-# CPU: the recipe that learned in 20 steps on Gemma-3-270M (README, Results): at T = 0.8 half the untrained model's
-# samples hold an answer in its tags (a quarter at T = 1); correctness alone, as the format terms, once won, leave
-# groups of equal rewards, which give no gradient; no KL.
+# CUDA: TRL's num_generations (8) and max_completion_length (512), 16 prompts. CPU: a recipe for 20 steps of
+# Gemma-3-270M: T = 0.8, where more of the untrained model's samples hold an answer in its tags than at T = 1;
+# correctness alone, as the format terms, once won, leave groups of equal rewards, which give no gradient; no KL.
 
 def parse_args(argv=None):
     """The options that shape GRPO, then the rest (add_setup_options, tiny_grpo/options.py). A type such as
     real("(0, 1]") refuses a value outside its range, or inf, or nan; (TRL: name) is the same setting in TRL."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     g = p.add_argument_group("GRPO")
-    g.add_argument("--group-size", type=integer("[2, inf)"), **by_device("group_size", "G, completions sampled per prompt "
-                   "(TRL: num_generations); at least 2: GRPO compares the completions of a group"))
-    g.add_argument("--rollouts-per-step", type=integer("[1, inf)"), **by_device("rollouts_per_step", "prompts per step, over all processes"))
+    g.add_argument("--group-size", type=integer("[2, inf)"), **by_device("group_size", "G, completions sampled per "
+                   "prompt (TRL: num_generations); at least 2: GRPO compares the completions of a group"))
+    g.add_argument("--rollouts-per-step", type=integer("[1, inf)"),
+                   **by_device("rollouts_per_step", "prompts per step, over all processes"))
     g.add_argument("--max-length", type=integer("[1, inf)"), **by_device("max_length", "completion budget in tokens"))
     g.add_argument("--temperature", type=real("[0.001, 1000]"), **by_device("temperature", "sampling temperature T; "
-                   "pi_theta, pi_old and pi_ref are all taken at T, softmax(logits / T), the distribution the sampler drew from"))
-    g.add_argument("--top-p", type=real("(0, 1]"), default=1.0, help="nucleus sampling; 1.0 samples the full distribution")
+                   "pi_theta, pi_old and pi_ref are all taken at T, softmax(logits / T), the distribution the sampler "
+                   "drew from"))
+    g.add_argument("--top-p", type=real("(0, 1]"), default=1.0,
+                   help="nucleus sampling; 1.0 samples the full distribution")
     g.add_argument("--lr", type=real("(0, 1]"), **by_device("lr", "learning rate"))
     g.add_argument("--warmup-steps", type=integer("[0, inf)"), default=0, help="linear learning-rate warm-up over this "
                    "many optimizer updates (a step makes --epochs-per-step of them)")
-    g.add_argument("--clip-eps", type=real("(0, 1]"), default=0.2, help="PPO clip range: ratio kept within [1-eps, 1+eps] "
-                   "(TRL: epsilon)")
+    g.add_argument("--clip-eps", type=real("(0, 1]"), default=0.2, help="PPO clip range: ratio kept within "
+                   "[1-eps, 1+eps] (TRL: epsilon)")
     g.add_argument("--kl-weight", type=real("[0, inf)"), **by_device("kl_weight", "beta, weight of the k3 KL to pi_ref "
                    "(TRL: beta); 0: no reference pass"))
     g.add_argument("--epochs-per-step", type=integer("[1, inf)"), default=1, help="passes over each rollout batch, "
                    "PPO epochs (TRL: num_iterations), one optimizer update each")
     g.add_argument("--max-grad-norm", type=real("(0, inf)"), default=1.0, help="gradient clipping")
     g.add_argument("--max-steps", type=integer("[1, inf)"), **by_device("max_steps", "training steps"))
-    add_setup_options(p, by_device, TASKS, REWARD_TERMS, DEFAULT_REWARD_WEIGHTS)  # model, task and reward, evaluation, ...
+    # model, task and reward, evaluation, checkpoints, logging
+    add_setup_options(p, by_device, TASKS, REWARD_TERMS, DEFAULT_REWARD_WEIGHTS)
     g = p.add_argument_group("data parallel", "the batch sizes (--train-batch-size, --generation-batch-size) are each "
                              "process's; --rollouts-per-step is the step's, split between the processes")
     g.add_argument("--mixed-precision", choices=["no", "bf16", "fp16"], help="autocast the forward passes (fp16 adds "
@@ -115,34 +118,6 @@ def parse_args(argv=None):
                    "before and after the update (equal on every process when DDP keeps them in sync)")
     p.set_defaults(experiment=EXPERIMENT)  # the experiment's name, recorded in every checkpoint
     return complete_args(p.parse_args(argv), p)  # the device and what depends on it, and checks across options
-
-def by_device(name, help):
-    """An option whose default depends on the device (DEVICE_DEFAULTS): absent until complete_args sets it."""
-    gpu, cpu = DEVICE_DEFAULTS[name]
-    shown = lambda value: value if value != "" else "none"  # noqa: E731
-    return {"default": argparse.SUPPRESS, "help": f"{help} (default: {shown(gpu)} on CUDA, {shown(cpu)} on CPU)"}
-
-def complete_args(args, parser):
-    """The device, the defaults that depend on it and on --task, and the checks that involve two options."""
-    args.device = resolve_device(args.device, parser)
-    for name, (gpu, cpu) in DEVICE_DEFAULTS.items():
-        if not hasattr(args, name):
-            setattr(args, name, gpu if args.device.startswith("cuda") else cpu)
-    if args.generation_batch_size is None:  # the whole step at once
-        args.generation_batch_size = args.rollouts_per_step * args.group_size
-    if args.data_path is None:  # the task's own data, found from any working directory
-        args.data_path, args.data_config = located(TASKS[args.task].train), args.data_config or TASKS[args.task].config
-    if args.eval_data_path is None:  # a hub id or folder has its own held-out split; a file is evaluated on the task's
-        args.eval_data_path = args.data_path if has_splits(args.data_path) else located(TASKS[args.task].eval)
-    if not args.lora and args.quantization != "none":
-        parser.error("--no-lora trains every weight, which quantized weights cannot do: add --quantization none")
-    if args.sampling_weights != "auto" and args.quantization != "4bit":  # both name a way to sample from 4-bit weights
-        parser.error(f"--sampling-weights {args.sampling_weights} needs --quantization 4bit (it is {args.quantization})")
-    try:
-        parse_weights(args.reward_weights)
-    except ValueError as e:
-        parser.error(f"--reward-weights {args.reward_weights!r}: {e}")
-    return args
 
 # ---- Model: the policy pi_theta and the reference pi_ref ----
 
@@ -187,12 +162,13 @@ def reference_policy(model, reference=None):
 # ---- Prompts and rewards ----
 
 # --task: its data (training, held out: a file in data/, or a hub id and its configuration) and a worked example
-# (question, reasoning, answer) that shows the format; here the defaults (CUDA, CPU), then the other tasks (tiny_grpo/data.py)
+# (question, reasoning, answer) that shows the format; the defaults (CUDA, CPU), then tiny_grpo/data.py's others
 TASKS = {
-    "math": Task("data/math_tasks.jsonl", "data/math_tasks_eval.jsonl", "What is 3 + 4 * 2?", "3 + 4 * 2 = 3 + 8 = 11", "11"),
+    "math": Task("data/math_tasks.jsonl", "data/math_tasks_eval.jsonl", "What is 3 + 4 * 2?",
+                 "3 + 4 * 2 = 3 + 8 = 11", "11"),
     "sequence": Task("data/sequence.jsonl", "data/sequence_eval.jsonl", "What number comes next: 9, 16, 23, 30, ...?",
-                     "each number is 7 more than the one before; the last is 30, and 30 + 7 = 37", "37"),  # no task counts
-                     # by 7; its step is not its first term, so "7 more" can only mean the step
+                     "each number is 7 more than the one before; the last is 30, and 30 + 7 = 37", "37"),  # no task
+                     # counts by 7; its step is not its first term, so "7 more" can only mean the step
     **OTHER_TASKS,  # gsm8k, math_latex, knights_knaves, count_words (tiny_grpo/data.py)
 }
 
@@ -204,11 +180,12 @@ def system_prompt(tag="think"):
 def format_prompt(tokenizer, question, task="math", reasoning_format="think"):
     """The chat template when the tokenizer has one, else a plain R1-Zero style template; either way the task's worked
     example (TASKS) comes first, as an earlier exchange: a base model copies a format it has seen far more often than
-    one it is told about (Gemma-3-270M, count_words, T = 1: 17-26% of samples in the format, 3% with it inline)."""
+    one it is told about."""
     instructions, example = system_prompt(reasoning_format), TASKS[task]
     tag = reasoning_format
     shown = [{"role": "user", "content": example.question},
-             {"role": "assistant", "content": f"<{tag}> {example.reasoning} </{tag}> <answer> {example.answer} </answer>"}]
+             {"role": "assistant",
+              "content": f"<{tag}> {example.reasoning} </{tag}> <answer> {example.answer} </answer>"}]
     if getattr(tokenizer, "chat_template", None):
         messages = [{"role": "system", "content": instructions}, *shown, {"role": "user", "content": question}]
         return chat_prompt(tokenizer, messages)  # (a template that refuses a system turn: it joins the first user turn)
@@ -310,12 +287,13 @@ class Scorer:
         self.outside = OutsideTerms(reward_fn, custom_timeout, reward_url, timeout, retries, self.weights)
 
     def __call__(self, completions, answers, metadata):
-        rows = [reward_terms(c, a, self.task, self.reasoning_format, self.partial_credit) for c, a in zip(completions, answers)]
+        rows = [reward_terms(c, a, self.task, self.reasoning_format, self.partial_credit)
+                for c, a in zip(completions, answers)]
         terms = {name: [row[name] for row in rows] for name in rows[0]} if rows else {}
         terms.update(self.outside(completions, answers, metadata))  # custom and remote, where used
         terms = {name: torch.tensor(values, dtype=torch.float32) for name, values in terms.items()}
         rewards = total_reward(terms, self.weights)
-        check_finite(rewards, terms, completions, answers)  # a reward of inf or nan stops the run, naming the completion
+        check_finite(rewards, terms, completions, answers)  # an inf or nan reward stops the run, naming the completion
         return rewards, terms
 
 # ---- Rollout: G completions per prompt, sampled from pi_old ----
@@ -351,7 +329,7 @@ def sample(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, te
     Why not model.generate: it repeats each prompt G times before the prefill; a generation_config may add a top-k,
     so that the tokens would not come from the distribution the loss takes log-probs of; and EOS is an action here.
     A run takes sample_fast (tiny_grpo/decode.py), the same loop's fast form: rows that ended leave the batch, the
-    cache gets its room once, on CUDA a step is one CUDA graph (test_sample_fast_draws_the_plain_loops_tokens)."""
+    cache gets its room once, on CUDA a step is one CUDA graph."""
     if not plain:
         return sample_fast(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, temperature, top_p,
                            sample_token, STOP_STRINGS)
@@ -370,7 +348,8 @@ def sample(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, te
         next_ids = next_ids.masked_fill(finished, tokenizer.pad_token_id)
         tokens.append(next_ids)
         actions.append(~finished)  # a token is an action if its sequence had not ended before it
-        finished = finished | torch.isin(next_ids, stop_ids) | ends_with_stop_string(tokenizer, tokens, finished, STOP_STRINGS)
+        finished = (finished | torch.isin(next_ids, stop_ids)
+                    | ends_with_stop_string(tokenizer, tokens, finished, STOP_STRINGS))
         if finished.all() or t == max_length - 1:
             break
         mask = torch.cat([mask, actions[-1].long()[:, None]], dim=1)  # s_t+1: one more position
@@ -399,13 +378,16 @@ def rollout(model, tokenizer, tasks, group_size, max_length, temperature=1.0, to
     prompts = [task["prompt"] for task in tasks]
     has_bos = bool(tokenizer.bos_token) and prompts[0].startswith(tokenizer.bos_token)  # chat templates add it
     encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=not has_bos).to(device)
-    completion_ids, action_mask = sample_in_batches(model, tokenizer, encoded, group_size, max_length, temperature, top_p,
-                                                    generation_batch_size)  # sample, at most this many rows at once
+    completion_ids, action_mask = sample_in_batches(model, tokenizer, encoded, group_size, max_length, temperature,
+                                                    top_p, generation_batch_size)  # at most this many rows at once
 
-    completions = [tokenizer.decode(ids[mask.bool()], skip_special_tokens=True) for ids, mask in zip(completion_ids, action_mask)]
+    completions = [tokenizer.decode(ids[mask.bool()], skip_special_tokens=True)
+                   for ids, mask in zip(completion_ids, action_mask)]
     rows = [task for task in tasks for _ in range(group_size)]
-    rewards, terms = (score or Scorer())(completions, [t["answer"] for t in rows], [t.get("metadata", {}) for t in rows])
-    prompt_ids, prompt_mask = (x.repeat_interleave(group_size, dim=0) for x in (encoded.input_ids, encoded.attention_mask))
+    rewards, terms = (score or Scorer())(completions, [t["answer"] for t in rows],
+                                         [t.get("metadata", {}) for t in rows])
+    prompt_ids, prompt_mask = (x.repeat_interleave(group_size, dim=0)
+                               for x in (encoded.input_ids, encoded.attention_mask))
     return Rollout(sequence_ids=torch.cat([prompt_ids, completion_ids], dim=1),
                    attention_mask=torch.cat([prompt_mask, action_mask], dim=1),
                    action_mask=action_mask, rewards=rewards, terms=terms, completions=completions)
@@ -434,8 +416,7 @@ def sequence_log_probs(model, input_ids, attention_mask, num_actions=None, tempe
         log pi(a_t | s_t) = log_softmax(logits_t / T)[a_t],   H_t = -sum_a pi(a | s_t) log pi(a | s_t)
     Below, as plain PyTorch (plain=True). It holds [B, T, V] logits (V = 262,144 for Gemma-3); the run takes
     fast_log_probs, the same numbers without that tensor (only the action rows reach the output layer, in chunks,
-    a group's prompt once, the gradient written out): test_fast_log_probs_equal_the_plain_form holds the two
-    equal, values and gradients."""
+    a group's prompt once, the gradient written out)."""
     num_actions = num_actions or input_ids.shape[1] - 1
     if not plain:
         return fast_log_probs(model, input_ids, attention_mask, num_actions, temperature)
@@ -535,9 +516,10 @@ def train_step(policy, batch, args, optimizer, scheduler, accelerator, total, re
                 # gradient of the mean over all the step's sequences, however many each process holds
                 with uncast_lora_inputs(model):  # the same gradients, fewer copies (checkpointing's recomputation)
                     accelerator.backward(loss * len(idx) * accelerator.num_processes / total)
-            stats.add(loss, loss_stats, len(idx) / total, entropy, action_mask[idx], idx)  # its share over all processes
-        grad_norm = accelerator.clip_grad_norm_(params, args.max_grad_norm)  # the averaged gradient's; DeepSpeed: float or None
-        if grad_norm is not None and not math.isfinite(float(grad_norm)):  # inf or nan: stop before an update is made with it
+            stats.add(loss, loss_stats, len(idx) / total, entropy, action_mask[idx], idx)  # its share of all processes
+        # the averaged gradient's norm; DeepSpeed: a float or None. inf or nan: stop before an update is made with it
+        grad_norm = accelerator.clip_grad_norm_(params, args.max_grad_norm)
+        if grad_norm is not None and not math.isfinite(float(grad_norm)):
             raise DivergedError(float(grad_norm), stats.last_loss, stats.done)
         stats.update(grad_norm, optimizer)
         optimizer.step()
@@ -575,27 +557,21 @@ def run(args):
     model, tokenizer = load_model(args)
     add_prompts(model, tokenizer, args, train_tasks, eval_tasks)  # each task's prompt: the worked example, then it
     optimizer = make_optimizer(model, args)
-    reference = None
-    if not args.lora and args.kl_weight > 0:  # full fine-tuning: a frozen copy is the only way to keep pi_ref
-        reference = copy.deepcopy(model).eval().requires_grad_(False)
-    # linear warm-up, then constant: lr_t = lr * min(1, (t + 1) / (warmup + 1)), t counting optimizer updates
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: min(1.0, (t + 1) / (args.warmup_steps + 1)))
+    reference = frozen_reference(model, args.lora, args.kl_weight > 0)  # pi_ref's copy for --no-lora, else None
+    scheduler = warmup_schedule(optimizer, args)  # lr_t = lr * min(1, (t + 1) / (warmup + 1)), t counting updates
     # DDP wraps the training forward (PolicyLogProbs); `model` stays the unwrapped one, for sampling and evaluation
     policy, optimizer = prepare_policy(accelerator, model, optimizer, scheduler, args)
     torch.manual_seed(args.seed + accelerator.process_index)  # each process samples its own completions
     step, position = resume(checkpoint_dir, accelerator, optimizer, scheduler)  # position: (data pass, index in it)
     interrupts = Interrupts()  # a Ctrl-C or SIGTERM on any process stops every process, after a rollout
-
-    def save(step, position):  # the steps done so far, as run_dir/step_N; every process saves (save_state is collective)
-        save_checkpoint(run_dir / f"step_{step:06d}", accelerator, policy, scheduler, training_state(args, step, position),
-                        args.keep_checkpoints)
-
+    # save(step, position): the steps done, run_dir/step_N; every process saves (save_state is collective)
+    save = saver(args, run_dir, accelerator, policy, scheduler)
     guesses = baseline_scores(args.task, train_tasks, eval_tasks, correctness)  # eval/baseline_*: need no skill
     # the loggers, memory peaks, the progress bar, a checkpoint every --checkpoint-interval steps and at the end; only
     # the main process logs (the step's metrics are of every process's rollout) and evaluates
     with Bookkeeping(args, run_dir, step, position, save, eval_tasks, tokenizer, score.weights,
                      accelerator.is_main_process, interrupts, baselines=guesses) as book:
-        if args.eval_interval and (book.step == 0 or book.evaluation_owed) and accelerator.is_main_process:
+        if book.evaluation_due(start=True) and accelerator.is_main_process:  # step 0, or one a stop cut short
             with accelerator.autocast():
                 book.evaluated(*evaluate(model, tokenizer, eval_tasks, args, score))
         while book.step < args.max_steps:
@@ -607,9 +583,10 @@ def run(args):
 
             # Rollout: sample a group of completions per prompt and score them.
             model.eval()
-            with accelerator.autocast(), sampling_weights(model, args), book.phase("sampling"):  # 4-bit weights dequantized once
-                result = rollout(model, tokenizer, tasks, args.group_size, args.max_length, args.temperature, args.top_p,
-                                 args.generation_batch_size, score)
+            # 4-bit weights dequantized once
+            with accelerator.autocast(), sampling_weights(model, args), book.phase("sampling"):
+                result = rollout(model, tokenizer, tasks, args.group_size, args.max_length, args.temperature,
+                                 args.top_p, args.generation_batch_size, score)
             rewards = result.rewards.view(-1, args.group_size)
             advantages = group_advantages(rewards).flatten().to(args.device)
             interrupts.check(accelerator)  # Ctrl-C or SIGTERM on any process: all stop here, before the update
@@ -624,10 +601,58 @@ def run(args):
             if args.debug_ranks:
                 log_rank(args, accelerator, book.step, share, tasks, result, before, weights_sha1(model))
             everyone = gather_rollouts(result)  # every process's completions, for the step's metrics
-            if args.eval_interval and (book.step % args.eval_interval == 0 or book.step == args.max_steps) and accelerator.is_main_process:
+            if book.evaluation_due() and accelerator.is_main_process:  # every --eval-interval steps, after the last
                 with accelerator.autocast():  # the main process evaluates; the others go on to their next rollout
                     book.evaluated(*evaluate(model, tokenizer, eval_tasks, args, score))
             book.report(result, rewards, stats, tasks, advantages, everyone=(everyone, step_tasks))  # and a checkpoint
+
+def frozen_reference(model, lora, kl):
+    """pi_ref where the loss takes a KL to it (kl) and there is no LoRA adapter to switch off (full fine-tuning):
+    a frozen copy of the model, the only way to keep it. Else None: reference_policy switches the adapter off."""
+    return copy.deepcopy(model).eval().requires_grad_(False) if kl and not lora else None
+
+def warmup_schedule(optimizer, args):
+    """Linear warm-up, then constant: lr_t = lr * min(1, (t + 1) / (warmup + 1)), t counting optimizer updates."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: min(1.0, (t + 1) / (args.warmup_steps + 1)))
+
+def saver(args, run_dir, *objects):
+    """save(step, position), as Bookkeeping calls it: the steps done so far as run_dir/step_N, written by the
+    experiment's save_checkpoint(folder, *objects, state, keep)."""
+    def save(step, position):
+        save_checkpoint(run_dir / f"step_{step:06d}", *objects, training_state(args, step, position),
+                        args.keep_checkpoints)
+    return save
+
+# ---- Option plumbing: the defaults that depend on the device ----
+
+def by_device(name, help):
+    """An option whose default depends on the device (DEVICE_DEFAULTS): absent until complete_args sets it."""
+    gpu, cpu = DEVICE_DEFAULTS[name]
+    shown = lambda value: value if value != "" else "none"  # noqa: E731
+    return {"default": argparse.SUPPRESS, "help": f"{help} (default: {shown(gpu)} on CUDA, {shown(cpu)} on CPU)"}
+
+def complete_args(args, parser):
+    """The device, the defaults that depend on it and on --task, and the checks that involve two options."""
+    args.device = resolve_device(args.device, parser)
+    for name, (gpu, cpu) in DEVICE_DEFAULTS.items():
+        if not hasattr(args, name):
+            setattr(args, name, gpu if args.device.startswith("cuda") else cpu)
+    if args.generation_batch_size is None:  # the whole step at once
+        args.generation_batch_size = args.rollouts_per_step * args.group_size
+    if args.data_path is None:  # the task's own data, found from any working directory
+        args.data_path, args.data_config = located(TASKS[args.task].train), args.data_config or TASKS[args.task].config
+    if args.eval_data_path is None:  # a hub id or folder has its own held-out split; a file is evaluated on the task's
+        args.eval_data_path = args.data_path if has_splits(args.data_path) else located(TASKS[args.task].eval)
+    if not args.lora and args.quantization != "none":
+        parser.error("--no-lora trains every weight, which quantized weights cannot do: add --quantization none")
+    if args.sampling_weights != "auto" and args.quantization != "4bit":  # both name a way to sample from 4-bit weights
+        parser.error(f"--sampling-weights {args.sampling_weights} needs --quantization 4bit "
+                     f"(it is {args.quantization})")
+    try:
+        parse_weights(args.reward_weights)
+    except ValueError as e:
+        parser.error(f"--reward-weights {args.reward_weights!r}: {e}")
+    return args
 
 # ---- This experiment's own plumbing: what it changes of tiny_grpo/'s, what calls that, its own tools ----
 
@@ -636,7 +661,8 @@ class StepStatistics(tiny_grpo.report.StepStatistics):
     sequences, so that the processes' parts add up; DeepSpeed's gradient norm may be a float, or None (not known)."""
 
     def update(self, grad_norm, optimizer):
-        super().update(torch.tensor(math.nan if grad_norm is None else float(grad_norm), dtype=torch.float64), optimizer)
+        super().update(torch.tensor(math.nan if grad_norm is None else float(grad_norm), dtype=torch.float64),
+                       optimizer)
 
     def means(self, accelerator):
         """The step's means over every process (one all-gather): the loss terms, the clipped shares and the entropy
@@ -672,8 +698,9 @@ def start_accelerator(args):
                                   kwargs_handlers=[rendezvous])
     except torch.distributed.DistError as e:  # the other processes never came: a timeout, or no master to reach
         raise InputError(f"the {os.environ.get('WORLD_SIZE', 'several')} processes that the environment asks for did "
-                         f"not all join within --rendezvous-timeout {args.rendezvous_timeout:g} s ({process_variables()}; "
-                         f"torch: {str(e).strip().splitlines()[0][:200]}); {process_origin()}") from None
+                         f"not all join within --rendezvous-timeout {args.rendezvous_timeout:g} s "
+                         f"({process_variables()}; torch: {str(e).strip().splitlines()[0][:200]}); "
+                         f"{process_origin()}") from None
     restore_collective_timeouts()
     if "ACCELERATE_USE_CPU" in os.environ and "WORLD_SIZE" not in os.environ and accelerator.is_main_process:
         print("accelerate launch started one process: without --multi_gpu (or a config with several processes) it "
@@ -694,7 +721,8 @@ def start_accelerator(args):
 
 def process_variables():
     """The environment variables that make a process one of several, as they are here."""
-    return ", ".join(f"{name}={os.environ.get(name, 'unset')}" for name in ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT"))
+    return ", ".join(f"{name}={os.environ.get(name, 'unset')}"
+                     for name in ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT"))
 
 def launcher():
     """The launcher that set WORLD_SIZE and the rest, from the marks it leaves: accelerate launch its ACCELERATE_*
@@ -746,7 +774,8 @@ def check_mixed_precision(args):
     packages this project does not install, and Accelerator() would fail on it with a traceback."""
     chosen = args.mixed_precision or os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
     if chosen not in ("no", "bf16", "fp16"):
-        source = "--mixed-precision" if args.mixed_precision else "ACCELERATE_MIXED_PRECISION (accelerate launch or its config)"
+        source = ("--mixed-precision" if args.mixed_precision
+                  else "ACCELERATE_MIXED_PRECISION (accelerate launch or its config)")
         raise InputError(f"mixed precision {chosen!r}, from {source}: use no, bf16 or fp16")
 
 def claim_run_once(args, accelerator):
@@ -795,7 +824,8 @@ def gather_rollouts(result):
     {name: [B]}, action masks [B, T] (padded to the longest) and completions; the sequences are not gathered."""
     from accelerate.utils import gather_object
 
-    parts = gather_object([(result.rewards, result.terms, result.action_mask.cpu(), result.completions)])  # one per process
+    # one part per process
+    parts = gather_object([(result.rewards, result.terms, result.action_mask.cpu(), result.completions)])
     width = max(part[2].shape[1] for part in parts)
     return Rollout(sequence_ids=None, attention_mask=None,
                    action_mask=torch.cat([pad_right(part[2], width, 0) for part in parts]),
@@ -813,8 +843,9 @@ def weights_sha1(model):
 
 def log_rank(args, accelerator, step, share, tasks, result, before, after):
     """--debug-ranks: every process appends the step's line to LOG_DIR/RUN_NAME/rank_R.jsonl."""
-    debug = {"step": step, "rank": accelerator.process_index, "prompts": share, "questions": [t["question"] for t in tasks],
-             "rewards": result.rewards.tolist(), "weights_before": before, "weights_after": after}
+    debug = {"step": step, "rank": accelerator.process_index, "prompts": share,
+             "questions": [t["question"] for t in tasks], "rewards": result.rewards.tolist(),
+             "weights_before": before, "weights_after": after}
     (Path(args.log_dir) / args.run_name).mkdir(parents=True, exist_ok=True)  # each machine's own, in a multi-node run
     with open(Path(args.log_dir) / args.run_name / f"rank_{accelerator.process_index}.jsonl", "a") as f:
         f.write(json.dumps(debug) + "\n")
@@ -838,7 +869,8 @@ def load_trainable_weights(models, input_dir):
         model = extract_model_from_parallel(model)
         file = Path(input_dir) / "model.safetensors"  # a link to the checkpoint's (resume shows load_state a view)
         saved = load_file(file)
-        check_weight_names(file.resolve().parent.parent, saved, {n: p for n, p in model.named_parameters() if p.requires_grad})
+        check_weight_names(file.resolve().parent.parent, saved,
+                           {n: p for n, p in model.named_parameters() if p.requires_grad})
         model.load_state_dict(saved, strict=False)  # the frozen weights are not in it
     models.clear()
 
@@ -862,8 +894,9 @@ def save_checkpoint(folder, accelerator, policy, scheduler, state, keep):
     try:
         accelerator.save_state(partial / "accelerate_state")
         if accelerator.is_main_process:
-            accelerator.unwrap_model(policy).model.save_pretrained(partial)  # the LoRA adapter (PEFT format), or the full model
-            torch.save({**state, "scheduler": scheduler.state_dict()}, partial / "training_state.pt")  # no pickle: plain data
+            # the LoRA adapter (PEFT format), or the full model; the training state, plain data (no pickle)
+            accelerator.unwrap_model(policy).model.save_pretrained(partial)
+            torch.save({**state, "scheduler": scheduler.state_dict()}, partial / "training_state.pt")
     except Exception as e:  # a full disk, a folder gone: no half checkpoint, the earlier ones kept
         shutil.rmtree(partial, ignore_errors=True)
         raise InputError(f"saving {folder} failed ({type(e).__name__}: {str(e)[:200]}){save_failure_cause(folder)}; "
@@ -917,9 +950,10 @@ def accelerate_state_problem(folder, state):
                 return f"accelerate_state/{problem}"
             continue
         try:
-            load(file, map_location="cpu", mmap=True)  # accelerate's torch.load: weights_only, numpy's RNG state allowed
+            load(file, map_location="cpu", mmap=True)  # accelerate's torch.load: weights_only, numpy's RNG state too
         except pickle.UnpicklingError:
-            return f"accelerate_state/{file.name} holds more than tensors and plain data, so it is not loaded (it could run code)"
+            return (f"accelerate_state/{file.name} holds more than tensors and plain data, so it is not loaded "
+                    "(it could run code)")
         except Exception as e:  # cut short, or no torch file
             return f"accelerate_state/{file.name} is damaged ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
     return None

@@ -31,8 +31,9 @@ tiny_grpo/, written once for every experiment; none of it changes what is comput
                     (drgrpo: A_i = r_i - mean(r); reinforce_pp(_baseline): per-token returns, whitened)
   loss              L = mean_i mean_t [-min(rho A_i, clip(rho, 1 - eps, 1 + eps) A_i) + beta KL_t],
                     rho = pi_theta / pi_old, KL_t = exp(ref - logp) - (ref - logp) - 1 (k3)
-                    drgrpo: sum_t / --max-length for mean_t; dapo, cispo, reinforce_pp: one mean over the batch's tokens;
-                    gspo: one ratio per sequence; cispo: -sg(clip(rho)) A_i log pi_theta; eps: --clip-eps-low/-high
+                    drgrpo: sum_t / --max-length for mean_t; dapo, cispo, reinforce_pp: one mean over the batch's
+                    tokens; gspo: one ratio per sequence; cispo: -sg(clip(rho)) A_i log pi_theta; eps:
+                    --clip-eps-low/-high
   train_step        a step = --epochs-per-step passes x --updates-per-step optimizer updates x micro-batches
   run               the loop: prompts -> rollout -> advantages -> train_step -> log, evaluate, checkpoint
 
@@ -75,10 +76,9 @@ DEVICE_DEFAULTS = dict(  # the options whose default depends on the device: (on 
     max_length=(512, 128), max_steps=(500, 20), lr=(2e-5, 1e-4), temperature=(1.0, 0.8),
     reward_weights=("", "format=0,reasoning=0"), eval_prompts=(200, 100), generation_batch_size=(256, None),
     task=("math", "sequence"))
-# CUDA: TRL's num_generations (8) and max_completion_length (512), 16 prompts (about 25 s a step on an H100, estimated).
-# CPU: the recipe that learned in 20 steps on Gemma-3-270M (README, Results): at T = 0.8 half the untrained model's
-# samples hold an answer in its tags (a quarter at T = 1); correctness alone, as the format terms, once won, leave
-# groups of equal rewards, which give no gradient.
+# CUDA: TRL's num_generations (8) and max_completion_length (512), 16 prompts. CPU: a recipe for 20 steps of
+# Gemma-3-270M: T = 0.8, where more of the untrained model's samples hold an answer in its tags than at T = 1;
+# correctness alone, as the format terms, once won, leave groups of equal rewards, which give no gradient.
 ALGORITHMS = ("grpo", "drgrpo", "dapo", "gspo", "cispo", "reinforce_pp", "reinforce_pp_baseline")
 TOKEN_LEVEL = ("dapo", "cispo", "reinforce_pp", "reinforce_pp_baseline")  # their loss is a mean over the batch's tokens
 # --preset NAME sets a group of options; options given on the command line win. The algorithm presets hold
@@ -89,48 +89,58 @@ TOKEN_LEVEL = ("dapo", "cispo", "reinforce_pp", "reinforce_pp_baseline")  # thei
 # section is named only where a reference implementation's file names it; a value of this project's own says so.
 PRESETS = {
     # DeepSeekMath's GRPO runs use beta 0.04 (the paper's text not re-checked here; TRL's trl/trainer/grpo_config.py
-    # had the same 0.04 as beta's default until 2025-05); this preset keeps --kl-weight's 0.01, the base experiment's own
+    # had the same 0.04 as beta's default until 2025-05); this preset keeps --kl-weight's 0.01, the base experiment's
     "grpo": {"algorithm": "grpo"},
     # Dr.GRPO's Oat-Zero runs: --beta 0 (sail-sg/understand-r1-zero, README.md and examples/qwen2.5-math-1.5b.sh)
     "drgrpo": {"algorithm": "drgrpo", "kl_weight": 0.0},
     "dapo": {"algorithm": "dapo",
              # DAPO paper, Clip-Higher: eps_low 0.2 (--clip-eps), eps_high 0.28; verl docs/algo/dapo.md and
-             # recipe/dapo/run_dapo_qwen2.5_32b.sh (verl commit 4f80e46, the paper's reproduction): clip_ratio_high=0.28
+             # recipe/dapo/run_dapo_qwen2.5_32b.sh (verl commit 4f80e46, the paper's reproduction):
+             # clip_ratio_high=0.28
              "clip_eps_high": 0.28,
-             "kl_weight": 0.0,  # DAPO paper, "Removing KL Divergence"; run_dapo_qwen2.5_32b.sh: kl_coef=0.0, use_kl_loss=False
-             # DAPO paper, Dynamic Sampling; run_dapo_qwen2.5_32b.sh: enable_filter_groups=True, filter_groups_metric=acc
+             # DAPO paper, "Removing KL Divergence"; run_dapo_qwen2.5_32b.sh: kl_coef=0.0, use_kl_loss=False
+             "kl_weight": 0.0,
+             # DAPO paper, Dynamic Sampling; run_dapo_qwen2.5_32b.sh: enable_filter_groups=True,
+             # filter_groups_metric=acc
              "dynamic_sampling": True,
              # DAPO paper, Overlong Reward Shaping; run_dapo_qwen2.5_32b.sh: overlong_penalty_factor=1.0, with a buffer
              # of 4096 of 20480 tokens (--overlong-buffer's default: a fifth of --max-length)
              "overlong_penalty": 1.0,
-             # DAPO makes 16 updates per rollout (run_dapo_qwen2.5_32b.sh: train_prompt_bsz=512, train_prompt_mini_bsz=32);
-             # 4 is this project's choice: the CPU default of 16 sequences a step makes mini-batches of 4, not of 1
+             # DAPO makes 16 updates per rollout (run_dapo_qwen2.5_32b.sh: train_prompt_bsz=512,
+             # train_prompt_mini_bsz=32); 4 is this project's choice: the CPU default of 16 sequences a step makes
+             # mini-batches of 4, not of 1
              "updates_per_step": 4},
     "gspo": {"algorithm": "gspo",
-             # GSPO paper sec. 5.1, as verl examples/gspo_trainer/test_gspo_3b_math.sh cites it: clip_ratio_low=0.0003,
-             # clip_ratio_high=0.0004 (a sequence's ratio, a geometric mean over its tokens, moves far less than a token's)
+             # GSPO paper sec. 5.1, as verl examples/gspo_trainer/test_gspo_3b_math.sh cites it:
+             # clip_ratio_low=0.0003, clip_ratio_high=0.0004 (a sequence's ratio, a geometric mean over its tokens,
+             # moves far less than a token's)
              "clip_eps": 3e-4, "clip_eps_high": 4e-4,
              "kl_weight": 0.0,  # verl test_gspo_3b_math.sh: kl_coef=0.0, use_kl_loss=false
-             "updates_per_step": 4},  # verl test_gspo_3b_math.sh: "maintain 4 mini-batches as recommended by the paper, see Sec. 5.1"
+             # verl test_gspo_3b_math.sh: "maintain 4 mini-batches as recommended by the paper, see Sec. 5.1"
+             "updates_per_step": 4},
     "cispo": {"algorithm": "cispo",
               # No lower bound on the IS weight: verl examples/cispo_trainer/run_cispo_qwen2_5_0_5b_gsm8k.sh sets
-              # clip_ratio_low=10, TRL's grpo_trainer.py clamps with max= only; here eps_low 1: clip(rho, 0, ...), and a
-              # ratio is never below 0. (MiniMax-M1, arXiv:2506.13585, is described as doing the same; not checked here.)
+              # clip_ratio_low=10, TRL's grpo_trainer.py clamps with max= only; here eps_low 1: clip(rho, 0, ...), and
+              # a ratio is never below 0. (MiniMax-M1, arXiv:2506.13585, is described as doing the same; not checked
+              # here.)
               "clip_eps_low": 1.0,
-              # The cap on the weight, where the sources disagree: verl's example above has clip_ratio_high=0.2 (cap 1.2);
-              # TRL's trl/trainer/grpo_config.py (epsilon_high) recommends 5.0 for loss_type="cispo", from ScaleRL
-              # (arXiv:2510.13786), and its grpo_trainer.py caps the weight at epsilon_high itself (cap 5.0); MiniMax-M1's
-              # own value could not be checked here. Followed: 0.28 (cap 1.28), DAPO's eps_high, a project choice near
-              # verl's 1.2: this experiment makes 4 updates per rollout on small batches, where a cap of 5 would let the few
-              # tokens whose ratio grew weigh up to 5x the rest; ScaleRL's 5.0 comes from runs far larger than these.
+              # The cap on the weight, where the sources disagree: verl's example above has clip_ratio_high=0.2 (cap
+              # 1.2); TRL's trl/trainer/grpo_config.py (epsilon_high) recommends 5.0 for loss_type="cispo", from
+              # ScaleRL (arXiv:2510.13786), and its grpo_trainer.py caps the weight at epsilon_high itself (cap 5.0);
+              # MiniMax-M1's own value could not be checked here. Followed: 0.28 (cap 1.28), DAPO's eps_high, a
+              # project choice near verl's 1.2: this experiment makes 4 updates per rollout on small batches, where a
+              # cap of 5 would let the few tokens whose ratio grew weigh up to 5x the rest; ScaleRL's 5.0 comes from
+              # runs far larger than these.
               "clip_eps_high": 0.28,
-              "kl_weight": 0.0,  # TRL grpo_config.py's default beta 0.0, which its ScaleRL/CISPO recipe keeps (verl's example: 0.001)
+              # TRL grpo_config.py's default beta 0.0, which its ScaleRL/CISPO recipe keeps (verl's example: 0.001)
+              "kl_weight": 0.0,
               "updates_per_step": 4},  # this project's 4, as for dapo: with one update rho = 1 and the cap never acts
     # REINFORCE++: --kl-weight 0.01 in the reward and --reward-clip 10 are OpenRLHF's openrlhf/cli/train_ppo_ray.py
     # defaults (--algo.kl.init_coef 0.01, --reward.clip_range -10 10); the per-token KL is clamped to [-10, 10] as in
     # OpenRLHF's openrlhf/models/utils.py compute_approx_kl (see reinforce_pp_advantages)
     "reinforce_pp": {"algorithm": "reinforce_pp"},
-    # the same, the group mean subtracted first: OpenRLHF's reinforce_baseline (openrlhf/trainer/ppo_utils/experience_maker.py)
+    # the same, the group mean subtracted first: OpenRLHF's reinforce_baseline
+    # (openrlhf/trainer/ppo_utils/experience_maker.py)
     "reinforce_pp_baseline": {"algorithm": "reinforce_pp_baseline"},
     # The two recipes are this project's, sized for the hardware named, not taken from a paper.
     # 0.5B-3B models on one 24 GB GPU (4-bit + LoRA): Dr.GRPO, so that wrong answers are not pushed to grow long
@@ -149,37 +159,40 @@ def parse_args(argv=None):
     --algorithm and --preset put their preset's options beneath the command line."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter, epilog=preset_text())
     g = p.add_argument_group("GRPO")
-    g.add_argument("--group-size", type=integer("[1, inf)"), **by_device("group_size", "G, completions sampled per prompt "
-                   "(TRL: num_generations); at least 2: GRPO compares the completions of a group; reinforce_pp without "
-                   "--dynamic-sampling: 1"))
-    g.add_argument("--rollouts-per-step", type=integer("[1, inf)"), **by_device("rollouts_per_step", "prompts per step"))
+    g.add_argument("--group-size", type=integer("[1, inf)"), **by_device("group_size", "G, completions sampled per "
+                   "prompt (TRL: num_generations); at least 2: GRPO compares the completions of a group; reinforce_pp "
+                   "without --dynamic-sampling: 1"))
+    g.add_argument("--rollouts-per-step", type=integer("[1, inf)"),
+                   **by_device("rollouts_per_step", "prompts per step"))
     g.add_argument("--max-length", type=integer("[1, inf)"), **by_device("max_length", "completion budget in tokens"))
     g.add_argument("--temperature", type=real("[0.001, 1000]"), **by_device("temperature", "sampling temperature T; "
-                   "pi_theta, pi_old and pi_ref are all taken at T, softmax(logits / T), the distribution the sampler drew from"))
-    g.add_argument("--top-p", type=real("(0, 1]"), default=1.0, help="nucleus sampling; 1.0 samples the full distribution")
+                   "pi_theta, pi_old and pi_ref are all taken at T, softmax(logits / T), the distribution the sampler "
+                   "drew from"))
+    g.add_argument("--top-p", type=real("(0, 1]"), default=1.0,
+                   help="nucleus sampling; 1.0 samples the full distribution")
     g.add_argument("--lr", type=real("(0, 1]"), **by_device("lr", "learning rate"))
     g.add_argument("--warmup-steps", type=integer("[0, inf)"), default=0, help="linear learning-rate warm-up over this "
                    "many optimizer updates (a step makes --epochs-per-step x --updates-per-step of them)")
-    g.add_argument("--clip-eps", type=real("(0, 1]"), default=0.2, help="PPO clip range: ratio kept within [1-eps, 1+eps] "
-                   "(TRL: epsilon)")
-    g.add_argument("--clip-eps-low", type=real("(0, 1]"), help="lower clip range: ratio kept >= 1 - eps_low, at most 1 (a "
-                   "ratio is never below 0); None: --clip-eps; 1 with the cispo preset: no lower bound on CISPO's weight; "
-                   "the gspo preset sets --clip-eps 3e-4, its ratio being a geometric mean over tokens")
+    g.add_argument("--clip-eps", type=real("(0, 1]"), default=0.2, help="PPO clip range: ratio kept within "
+                   "[1-eps, 1+eps] (TRL: epsilon)")
+    g.add_argument("--clip-eps-low", type=real("(0, 1]"), help="lower clip range: ratio kept >= 1 - eps_low, at most "
+                   "1 (a ratio is never below 0); None: --clip-eps; 1 with the cispo preset: no lower bound on CISPO's "
+                   "weight; the gspo preset sets --clip-eps 3e-4, its ratio being a geometric mean over tokens")
     g.add_argument("--clip-eps-high", type=real("(0, inf)"), help="upper clip range: ratio kept <= 1 + eps_high (TRL: "
                    "epsilon_high; for CISPO TRL caps the weight at epsilon_high itself); DAPO's clip-higher raises it; "
                    "None: --clip-eps; 0.28 with the dapo and cispo presets, 4e-4 with gspo")
     g.add_argument("--kl-weight", type=real("[0, inf)"), default=0.01, help="beta, weight of the k3 KL to pi_ref "
                    "(TRL: beta); 0: no reference pass; reinforce_pp: of the KL in the per-token reward (default: "
                    "%(default)s; 0 with the drgrpo, dapo, gspo and cispo presets)")
-    g.add_argument("--log-kl", action="store_true", help="measure and log train/kl even when --kl-weight is 0 (without this "
-                   "flag, then not logged), to compare how far each algorithm moves from pi_ref: per step one forward "
-                   "pass without gradients of pi_ref over the batch, and one of pi_theta over the rows that beta 0 does "
-                   "not train (advantage 0)")
+    g.add_argument("--log-kl", action="store_true", help="measure and log train/kl even when --kl-weight is 0 "
+                   "(without this flag, then not logged), to compare how far each algorithm moves from pi_ref: per "
+                   "step one forward pass without gradients of pi_ref over the batch, and one of pi_theta over the "
+                   "rows that beta 0 does not train (advantage 0)")
     g.add_argument("--epochs-per-step", type=integer("[1, inf)"), default=1, help="passes over each rollout batch, "
                    "PPO epochs (TRL: num_iterations)")
     g.add_argument("--updates-per-step", type=integer("[1, inf)"), default=1, help="mini-batches each pass splits the "
-                   "rollout batch into, one optimizer update each; above 1, pi_theta moves away from pi_old within a step and the clip acts "
-                   "(default: %(default)s; 4 with the dapo, gspo and cispo presets)")
+                   "rollout batch into, one optimizer update each; above 1, pi_theta moves away from pi_old within a "
+                   "step and the clip acts (default: %(default)s; 4 with the dapo, gspo and cispo presets)")
     g.add_argument("--max-grad-norm", type=real("(0, inf)"), default=1.0, help="gradient clipping")
     g.add_argument("--max-steps", type=integer("[1, inf)"), **by_device("max_steps", "training steps"))
     g = p.add_argument_group("algorithm: GRPO, Dr.GRPO, DAPO, GSPO, CISPO, REINFORCE++")
@@ -189,64 +202,27 @@ def parse_args(argv=None):
                    "given on the command line win; None: no preset")
     g.add_argument("--dynamic-sampling", action=argparse.BooleanOptionalAction, default=False,
                    help="DAPO: drop groups whose correctness is all equal (all right or all wrong: no signal about "
-                   "accuracy) and roll out more prompts until the batch is full (default: %(default)s; on with the dapo preset)")
-    g.add_argument("--max-extra-rounds", type=integer("[0, inf)"), default=3, help="dynamic sampling: at most this many "
-                   "extra rollouts per step; then the step trains on the groups it has and logs how many it lacked "
-                   "(rollout/groups_missing)")
-    g.add_argument("--overlong-penalty", type=real("[0, inf)"), default=0.0, help="DAPO: reward penalty p for a completion "
-                   "that reaches the budget, ramping up linearly over the --overlong-buffer tokens before it; 0 is off "
-                   "(default: %(default)s; 1.0 with the dapo preset)")
-    g.add_argument("--overlong-buffer", type=integer("[0, inf)"), help="DAPO: tokens before --max-length over which the "
-                   "over-long penalty ramps from 0 to p, at most --max-length; None: a fifth of --max-length, as DAPO's "
-                   "4096 of 20480")
-    g.add_argument("--reward-clip", type=real("(0, inf)"), default=10.0, help="reinforce_pp(_baseline): the outcome reward "
-                   "is clipped to [-C, C] (OpenRLHF's range)")
-    add_setup_options(p, by_device, TASKS, REWARD_TERMS, DEFAULT_REWARD_WEIGHTS)  # model, task and reward, evaluation, checkpoints, logging
+                   "accuracy) and roll out more prompts until the batch is full (default: %(default)s; on with the "
+                   "dapo preset)")
+    g.add_argument("--max-extra-rounds", type=integer("[0, inf)"), default=3, help="dynamic sampling: at most this "
+                   "many extra rollouts per step; then the step trains on the groups it has and logs how many it "
+                   "lacked (rollout/groups_missing)")
+    g.add_argument("--overlong-penalty", type=real("[0, inf)"), default=0.0, help="DAPO: reward penalty p for a "
+                   "completion that reaches the budget, ramping up linearly over the --overlong-buffer tokens before "
+                   "it; 0 is off (default: %(default)s; 1.0 with the dapo preset)")
+    g.add_argument("--overlong-buffer", type=integer("[0, inf)"), help="DAPO: tokens before --max-length over which "
+                   "the over-long penalty ramps from 0 to p, at most --max-length; None: a fifth of --max-length, as "
+                   "DAPO's 4096 of 20480")
+    g.add_argument("--reward-clip", type=real("(0, inf)"), default=10.0, help="reinforce_pp(_baseline): the outcome "
+                   "reward is clipped to [-C, C] (OpenRLHF's range)")
+    # model, task and reward, evaluation, checkpoints, logging
+    add_setup_options(p, by_device, TASKS, REWARD_TERMS, DEFAULT_REWARD_WEIGHTS)
     args = p.parse_args(argv)
     # Presets, beneath the command line: the --preset's options over those of its algorithm's preset.
     algorithm = args.algorithm or PRESETS.get(args.preset, {}).get("algorithm", "drgrpo")
     p.set_defaults(**{**PRESETS[algorithm], **PRESETS.get(args.preset, {}), "algorithm": algorithm})
     p.set_defaults(experiment=EXPERIMENT)  # the experiment's name, recorded in every checkpoint
     return complete_args(p.parse_args(argv), p)  # the device and what depends on it, and checks across options
-
-def by_device(name, help):
-    """An option whose default depends on the device (DEVICE_DEFAULTS): absent until complete_args sets it."""
-    gpu, cpu = DEVICE_DEFAULTS[name]
-    shown = lambda value: value if value != "" else "none"  # noqa: E731
-    return {"default": argparse.SUPPRESS, "help": f"{help} (default: {shown(gpu)} on CUDA, {shown(cpu)} on CPU)"}
-
-def complete_args(args, parser):
-    """The device, the defaults that depend on it and on --task, and the checks that involve two options."""
-    args.device = resolve_device(args.device, parser)
-    for name, (gpu, cpu) in DEVICE_DEFAULTS.items():
-        if not hasattr(args, name):
-            setattr(args, name, gpu if args.device.startswith("cuda") else cpu)
-    if args.generation_batch_size is None:  # the whole step at once
-        args.generation_batch_size = args.rollouts_per_step * args.group_size
-    if args.data_path is None:  # the task's own data, found from any working directory
-        args.data_path, args.data_config = located(TASKS[args.task].train), args.data_config or TASKS[args.task].config
-    if args.eval_data_path is None:  # a hub id or folder has its own held-out split; a file is evaluated on the task's
-        args.eval_data_path = args.data_path if has_splits(args.data_path) else located(TASKS[args.task].eval)
-    args.clip_eps_low = args.clip_eps if args.clip_eps_low is None else args.clip_eps_low
-    args.clip_eps_high = args.clip_eps if args.clip_eps_high is None else args.clip_eps_high
-    args.overlong_buffer = args.max_length // 5 if args.overlong_buffer is None else args.overlong_buffer
-    if args.group_size < 2 and (args.algorithm != "reinforce_pp" or args.dynamic_sampling):
-        parser.error(f"argument --group-size: must be an integer in [2, inf), got {args.group_size} (GRPO compares "
-                     "completions within a group; only reinforce_pp without --dynamic-sampling takes 1)")
-    if args.overlong_buffer > args.max_length:
-        parser.error(f"--overlong-buffer must be between 0 and --max-length ({args.max_length}), got {args.overlong_buffer}")
-    if args.updates_per_step > args.rollouts_per_step * args.group_size:
-        parser.error(f"--updates-per-step {args.updates_per_step}: a step has only {args.rollouts_per_step * args.group_size} "
-                     "sequences (rollouts-per-step x group-size) to split into mini-batches")
-    if not args.lora and args.quantization != "none":
-        parser.error("--no-lora trains every weight, which quantized weights cannot do: add --quantization none")
-    if args.sampling_weights != "auto" and args.quantization != "4bit":  # both name a way to sample from 4-bit weights
-        parser.error(f"--sampling-weights {args.sampling_weights} needs --quantization 4bit (it is {args.quantization})")
-    try:
-        parse_weights(args.reward_weights)
-    except ValueError as e:
-        parser.error(f"--reward-weights {args.reward_weights!r}: {e}")
-    return args
 
 # ---- Model: the policy pi_theta and the reference pi_ref ----
 
@@ -291,12 +267,13 @@ def reference_policy(model, reference=None):
 # ---- Prompts and rewards ----
 
 # --task: its data (training, held out: a file in data/, or a hub id and its configuration) and a worked example
-# (question, reasoning, answer) that shows the format; here the defaults (CUDA, CPU), then the other tasks (tiny_grpo/data.py)
+# (question, reasoning, answer) that shows the format; the defaults (CUDA, CPU), then tiny_grpo/data.py's others
 TASKS = {
-    "math": Task("data/math_tasks.jsonl", "data/math_tasks_eval.jsonl", "What is 3 + 4 * 2?", "3 + 4 * 2 = 3 + 8 = 11", "11"),
+    "math": Task("data/math_tasks.jsonl", "data/math_tasks_eval.jsonl", "What is 3 + 4 * 2?",
+                 "3 + 4 * 2 = 3 + 8 = 11", "11"),
     "sequence": Task("data/sequence.jsonl", "data/sequence_eval.jsonl", "What number comes next: 9, 16, 23, 30, ...?",
-                     "each number is 7 more than the one before; the last is 30, and 30 + 7 = 37", "37"),  # no task counts
-                     # by 7; its step is not its first term, so "7 more" can only mean the step
+                     "each number is 7 more than the one before; the last is 30, and 30 + 7 = 37", "37"),  # no task
+                     # counts by 7; its step is not its first term, so "7 more" can only mean the step
     **OTHER_TASKS,  # gsm8k, math_latex, knights_knaves, count_words (tiny_grpo/data.py)
 }
 
@@ -308,11 +285,12 @@ def system_prompt(tag="think"):
 def format_prompt(tokenizer, question, task="math", reasoning_format="think"):
     """The chat template when the tokenizer has one, else a plain R1-Zero style template; either way the task's worked
     example (TASKS) comes first, as an earlier exchange: a base model copies a format it has seen far more often than
-    one it is told about (Gemma-3-270M, count_words, T = 1: 17-26% of samples in the format, 3% with it inline)."""
+    one it is told about."""
     instructions, example = system_prompt(reasoning_format), TASKS[task]
     tag = reasoning_format
     shown = [{"role": "user", "content": example.question},
-             {"role": "assistant", "content": f"<{tag}> {example.reasoning} </{tag}> <answer> {example.answer} </answer>"}]
+             {"role": "assistant",
+              "content": f"<{tag}> {example.reasoning} </{tag}> <answer> {example.answer} </answer>"}]
     if getattr(tokenizer, "chat_template", None):
         messages = [{"role": "system", "content": instructions}, *shown, {"role": "user", "content": question}]
         return chat_prompt(tokenizer, messages)  # (a template that refuses a system turn: it joins the first user turn)
@@ -414,12 +392,13 @@ class Scorer:
         self.outside = OutsideTerms(reward_fn, custom_timeout, reward_url, timeout, retries, self.weights)
 
     def __call__(self, completions, answers, metadata):
-        rows = [reward_terms(c, a, self.task, self.reasoning_format, self.partial_credit) for c, a in zip(completions, answers)]
+        rows = [reward_terms(c, a, self.task, self.reasoning_format, self.partial_credit)
+                for c, a in zip(completions, answers)]
         terms = {name: [row[name] for row in rows] for name in rows[0]} if rows else {}
         terms.update(self.outside(completions, answers, metadata))  # custom and remote, where used
         terms = {name: torch.tensor(values, dtype=torch.float32) for name, values in terms.items()}
         rewards = total_reward(terms, self.weights)
-        check_finite(rewards, terms, completions, answers)  # a reward of inf or nan stops the run, naming the completion
+        check_finite(rewards, terms, completions, answers)  # an inf or nan reward stops the run, naming the completion
         return rewards, terms
 
 def overlong_penalty(lengths, max_length, buffer, penalty):
@@ -430,14 +409,16 @@ def overlong_penalty(lengths, max_length, buffer, penalty):
         -(|o| - (L_max - L_buf)) / L_buf * p    L_max - L_buf < |o| < L_max
         -p                                      |o| >= L_max  (the completion hit the budget)"""
     lengths = lengths.float()
-    ramp = -(lengths - (max_length - buffer)).clamp(min=0) / max(buffer, 1) * penalty  # -(|o| - (L_max - L_buf)) / L_buf * p
+    # -(|o| - (L_max - L_buf)) / L_buf * p
+    ramp = -(lengths - (max_length - buffer)).clamp(min=0) / max(buffer, 1) * penalty
     return torch.where(lengths >= max_length, torch.full_like(lengths, -penalty), ramp)  # -p at the budget
 
 def with_overlong_penalty(result, args):
     """The rollout with the over-long penalty added to its rewards and kept as the reward term 'overlong' (logged)."""
     if not args.overlong_penalty:
         return result
-    penalty = overlong_penalty(result.action_mask.sum(1).cpu(), args.max_length, args.overlong_buffer, args.overlong_penalty)
+    penalty = overlong_penalty(result.action_mask.sum(1).cpu(), args.max_length, args.overlong_buffer,
+                               args.overlong_penalty)
     return replace(result, rewards=result.rewards + penalty, terms={**result.terms, "overlong": penalty})
 
 # ---- Rollout: G completions per prompt, sampled from pi_old ----
@@ -473,7 +454,7 @@ def sample(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, te
     Why not model.generate: it repeats each prompt G times before the prefill; a generation_config may add a top-k,
     so that the tokens would not come from the distribution the loss takes log-probs of; and EOS is an action here.
     A run takes sample_fast (tiny_grpo/decode.py), the same loop's fast form: rows that ended leave the batch, the
-    cache gets its room once, on CUDA a step is one CUDA graph (test_sample_fast_draws_the_plain_loops_tokens)."""
+    cache gets its room once, on CUDA a step is one CUDA graph."""
     if not plain:
         return sample_fast(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, temperature, top_p,
                            sample_token, STOP_STRINGS)
@@ -492,7 +473,8 @@ def sample(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, te
         next_ids = next_ids.masked_fill(finished, tokenizer.pad_token_id)
         tokens.append(next_ids)
         actions.append(~finished)  # a token is an action if its sequence had not ended before it
-        finished = finished | torch.isin(next_ids, stop_ids) | ends_with_stop_string(tokenizer, tokens, finished, STOP_STRINGS)
+        finished = (finished | torch.isin(next_ids, stop_ids)
+                    | ends_with_stop_string(tokenizer, tokens, finished, STOP_STRINGS))
         if finished.all() or t == max_length - 1:
             break
         mask = torch.cat([mask, actions[-1].long()[:, None]], dim=1)  # s_t+1: one more position
@@ -521,13 +503,16 @@ def rollout(model, tokenizer, tasks, group_size, max_length, temperature=1.0, to
     prompts = [task["prompt"] for task in tasks]
     has_bos = bool(tokenizer.bos_token) and prompts[0].startswith(tokenizer.bos_token)  # chat templates add it
     encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=not has_bos).to(device)
-    completion_ids, action_mask = sample_in_batches(model, tokenizer, encoded, group_size, max_length, temperature, top_p,
-                                                    generation_batch_size)  # sample, at most this many rows at once
+    completion_ids, action_mask = sample_in_batches(model, tokenizer, encoded, group_size, max_length, temperature,
+                                                    top_p, generation_batch_size)  # at most this many rows at once
 
-    completions = [tokenizer.decode(ids[mask.bool()], skip_special_tokens=True) for ids, mask in zip(completion_ids, action_mask)]
+    completions = [tokenizer.decode(ids[mask.bool()], skip_special_tokens=True)
+                   for ids, mask in zip(completion_ids, action_mask)]
     rows = [task for task in tasks for _ in range(group_size)]
-    rewards, terms = (score or Scorer())(completions, [t["answer"] for t in rows], [t.get("metadata", {}) for t in rows])
-    prompt_ids, prompt_mask = (x.repeat_interleave(group_size, dim=0) for x in (encoded.input_ids, encoded.attention_mask))
+    rewards, terms = (score or Scorer())(completions, [t["answer"] for t in rows],
+                                         [t.get("metadata", {}) for t in rows])
+    prompt_ids, prompt_mask = (x.repeat_interleave(group_size, dim=0)
+                               for x in (encoded.input_ids, encoded.attention_mask))
     return Rollout(sequence_ids=torch.cat([prompt_ids, completion_ids], dim=1),
                    attention_mask=torch.cat([prompt_mask, action_mask], dim=1),
                    action_mask=action_mask, rewards=rewards, terms=terms, completions=completions)
@@ -600,7 +585,8 @@ def reinforce_pp_advantages(rewards, log_probs, ref_log_probs, action_mask, kl_w
     returns = per_token.flip(1).cumsum(1).flip(1) * mask  # G_t = sum_{k >= t} r_k
     mean = masked_mean(returns, mask)  # over every action token of the batch
     var = masked_mean((returns - mean) ** 2, mask)
-    return (returns - mean) * var.clamp(min=var_floor).rsqrt() * mask  # A_t = (G_t - mean(G)) / sqrt(max(var(G), floor))
+    # A_t = (G_t - mean(G)) / sqrt(max(var(G), floor))
+    return (returns - mean) * var.clamp(min=var_floor).rsqrt() * mask
 
 # ---- Log-probs, KL and the GRPO loss ----
 
@@ -614,8 +600,7 @@ def sequence_log_probs(model, input_ids, attention_mask, num_actions=None, tempe
         log pi(a_t | s_t) = log_softmax(logits_t / T)[a_t],   H_t = -sum_a pi(a | s_t) log pi(a | s_t)
     Below, as plain PyTorch (plain=True). It holds [B, T, V] logits (V = 262,144 for Gemma-3); the run takes
     fast_log_probs, the same numbers without that tensor (only the action rows reach the output layer, in chunks,
-    a group's prompt once, the gradient written out): test_fast_log_probs_equal_the_plain_form holds the two
-    equal, values and gradients."""
+    a group's prompt once, the gradient written out)."""
     num_actions = num_actions or input_ids.shape[1] - 1
     if not plain:
         return fast_log_probs(model, input_ids, attention_mask, num_actions, temperature)
@@ -646,7 +631,8 @@ def grpo_loss(log_probs, old_log_probs, advantages, action_mask, clip_eps=0.2, r
 
     then, by algorithm:
       grpo, gspo                              the mean over each sequence's tokens, then the mean over sequences
-      drgrpo                                  each sequence's token sum / max_length (the budget), then the mean over sequences
+      drgrpo                                  each sequence's token sum / max_length (the budget), then the mean
+                                              over sequences
       dapo, cispo, reinforce_pp(_baseline)    the mean over every token of the batch
     advantages: [B], one per completion, or [B, T], one per token (reinforce_pp, reinforce_pp_baseline)."""
     if advantages.dim() == 1:
@@ -655,7 +641,7 @@ def grpo_loss(log_probs, old_log_probs, advantages, action_mask, clip_eps=0.2, r
     ratio = (log_probs - old_log_probs).exp()
     if algorithm == "gspo":  # s_i = exp(1/|o_i| sum_t log rho_t): the geometric mean of the sequence's token ratios
         ratio = masked_mean(log_probs - old_log_probs, action_mask, dim=1).exp().unsqueeze(-1)  # [B, 1]
-    clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps_high)  # DAPO's clip-higher: eps_high > eps_low lets rare tokens rise
+    clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps_high)  # DAPO clip-higher: eps_high > eps_low lets rare tokens rise
     per_token = -torch.min(ratio * advantages, clipped * advantages)
     if algorithm == "cispo":  # the weight clipped, not the term: -sg(clip(rho, 1 - eps_low, 1 + eps_high)) * A * log pi
         per_token = -clipped.detach() * advantages * log_probs
@@ -664,7 +650,7 @@ def grpo_loss(log_probs, old_log_probs, advantages, action_mask, clip_eps=0.2, r
         kl = approx_kl(log_probs, ref_log_probs, action_mask)
         per_token = per_token + kl_weight * kl
         stats["kl"] = masked_mean(kl, action_mask, dim=1).mean().item()
-    if algorithm in ("grpo", "gspo"):  # 1/G sum_i 1/|o_i| sum_t: a token of a short completion weighs more (length bias)
+    if algorithm in ("grpo", "gspo"):  # 1/G sum_i 1/|o_i| sum_t: a short completion's tokens weigh more (length bias)
         loss = masked_mean(per_token, action_mask, dim=1).mean()
     elif algorithm == "drgrpo":  # 1/G sum_i 1/L_max sum_t: every token weighs the same, L_max a constant
         if max_length is None:
@@ -677,15 +663,16 @@ def grpo_loss(log_probs, old_log_probs, advantages, action_mask, clip_eps=0.2, r
     if algorithm == "cispo":  # the weight is capped whatever the sign of A (the token's gradient stays)
         clipped_low, clipped_high = ratio < 1 - clip_eps, ratio > 1 + clip_eps_high
     else:
-        clipped_low = (ratio < 1 - clip_eps) & (advantages < 0)  # the clip stops a bad token's ratio from falling further
-        clipped_high = (ratio > 1 + clip_eps_high) & (advantages > 0)  # ... and a good token's from rising further
+        clipped_low = (ratio < 1 - clip_eps) & (advantages < 0)  # the clip stops a bad token's ratio falling further
+        clipped_high = (ratio > 1 + clip_eps_high) & (advantages > 0)  # ... and a good token's rising further
     clipped_low, clipped_high = clipped_low.expand_as(log_probs), clipped_high.expand_as(log_probs)  # gspo: [B, 1]
     stats["clip_fraction"] = masked_mean((clipped_low | clipped_high).float(), action_mask).item()
     stats["clip_low_fraction"] = masked_mean(clipped_low.float(), action_mask).item()
     stats["clip_high_fraction"] = masked_mean(clipped_high.float(), action_mask).item()
     stats["ratio"] = masked_mean(ratio.expand_as(log_probs), action_mask).item()
     # per token, for the rollout log (docs/rollout-log.md): clipped +1 above 1 + eps_high, -1 below 1 - eps_low
-    stats["tokens"] = {"logp_old": old_log_probs, "ratio": ratio.detach(), "clipped": clipped_high.float() - clipped_low.float(),
+    stats["tokens"] = {"logp_old": old_log_probs, "ratio": ratio.detach(),
+                       "clipped": clipped_high.float() - clipped_low.float(),
                        **({"kl": kl.detach()} if ref_log_probs is not None else {})}
     return loss, stats
 
@@ -702,7 +689,7 @@ def make_optimizer(model, args):
     return torch.optim.AdamW(params, lr=args.lr)
 
 def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0):
-    """Updates of --algorithm on a rollout batch, in three levels: a step is --epochs-per-step passes over the batch; each pass
+    """--algorithm's updates on a rollout batch, in three levels: a step is --epochs-per-step passes over it; each pass
     splits a new shuffle of its sequences into --updates-per-step mini-batches, one optimizer update each; each
     mini-batch runs in micro-batches of --train-batch-size sequences whose gradients add up. The shuffle is seeded by
     --seed, the step and the pass, so that a resumed run draws the same mini-batches. Returns the statistics to log,
@@ -807,31 +794,24 @@ def run(args):
     model, tokenizer = load_model(args)
     add_prompts(model, tokenizer, args, train_tasks, eval_tasks)  # each task's prompt: the worked example, then it
     optimizer = make_optimizer(model, args)
-    reference = None
-    if not args.lora and (args.kl_weight > 0 or args.log_kl):  # full fine-tuning: a frozen copy is the only way to keep pi_ref
-        reference = copy.deepcopy(model).eval().requires_grad_(False)
-    # linear warm-up, then constant: lr_t = lr * min(1, (t + 1) / (warmup + 1)), t counting optimizer updates
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: min(1.0, (t + 1) / (args.warmup_steps + 1)))
+    # pi_ref's copy for --no-lora (with --log-kl too), else None
+    reference = frozen_reference(model, args.lora, args.kl_weight > 0 or args.log_kl)
+    scheduler = warmup_schedule(optimizer, args)  # lr_t = lr * min(1, (t + 1) / (warmup + 1)), t counting updates
     step, position = resume(checkpoint_dir, model, optimizer, scheduler)  # position: (data pass, index in it)
-
-    def save(step, position):  # the steps done so far, as run_dir/step_N
-        save_checkpoint(run_dir / f"step_{step:06d}", model, optimizer, scheduler, training_state(args, step, position),
-                        args.keep_checkpoints)
-
-    guesses = baseline_scores(args.task, train_tasks, eval_tasks, correctness)  # eval/baseline_*: need no skill
+    save = saver(args, run_dir, model, optimizer, scheduler)  # save(step, position): the steps done, run_dir/step_N
     # the loggers, Ctrl-C, memory peaks, the progress bar, a checkpoint every --checkpoint-interval steps and at the end
     with Bookkeeping(args, run_dir, step, position, save, eval_tasks, tokenizer, score.weights,
-                     baselines=guesses) as book:
-        if args.eval_interval and (book.step == 0 or book.evaluation_owed):  # the curve's start, or one a stop cut
+                     baselines=baseline_scores(args.task, train_tasks, eval_tasks, correctness)) as book:
+        if book.evaluation_due(start=True):  # the curve's start, or the one a stop cut short
             book.evaluated(*evaluate(model, tokenizer, eval_tasks, args, score))
         while book.step < args.max_steps:
-            tasks, next_position = next_prompts(train_tasks, args.rollouts_per_step, book.position, args.seed)  # shuffled
+            tasks, next_position = next_prompts(train_tasks, args.rollouts_per_step, book.position, args.seed)
 
             # Rollout: sample a group of completions per prompt and score them.
             model.eval()
             with sampling_weights(model, args), book.phase("sampling"):  # 4-bit weights dequantized once
-                result = rollout(model, tokenizer, tasks, args.group_size, args.max_length, args.temperature, args.top_p,
-                                 args.generation_batch_size, score)
+                result = rollout(model, tokenizer, tasks, args.group_size, args.max_length, args.temperature,
+                                 args.top_p, args.generation_batch_size, score)
             result = with_overlong_penalty(result, args)  # DAPO: completions near or at the budget lose reward
             rewards = result.rewards.view(-1, args.group_size)
             trained, dropped, extra_rounds, missing = result, 0, 0, 0
@@ -841,9 +821,10 @@ def run(args):
                         model, tokenizer, train_tasks, result, next_position, args, score)
                 if trained is None:
                     book.progress.write(f"step {book.step + 1}: no group with both right and wrong answers after "
-                                        f"{extra_rounds} extra rounds (--max-extra-rounds): nothing to train on, no update")
+                                        f"{extra_rounds} extra rounds (--max-extra-rounds): nothing to train on, "
+                                        "no update")
 
-            # Update the policy on that batch (dynamic sampling may leave no group to learn from: the step still counts).
+            # Update the policy on that batch (dynamic sampling may leave no group to learn from: the step counts).
             stats, advantages = {}, None
             with book.update(next_position):  # weights, optimizer and step change together; then book.step += 1
                 if trained is not None:
@@ -852,13 +833,74 @@ def run(args):
                     model.train()
                     batch = (trained.sequence_ids, trained.attention_mask, trained.action_mask, advantages)
                     stats = train_step(model, batch, args, optimizer, scheduler, reference, book.step)
-            if args.eval_interval and (book.step % args.eval_interval == 0 or book.step == args.max_steps):
+            if book.evaluation_due():  # every --eval-interval steps, and after the last
                 book.evaluated(*evaluate(model, tokenizer, eval_tasks, args, score))
-            groups = {"rollout/groups_dropped": dropped, "rollout/extra_rounds": extra_rounds, "rollout/groups_missing": missing,
+            groups = {"rollout/groups_dropped": dropped, "rollout/extra_rounds": extra_rounds,
+                      "rollout/groups_missing": missing,
                       "rollout/groups_trained": 0 if trained is None else len(trained.rewards) // args.group_size}
             # the rollout log's per-token values are the batch trained's: the rollout's only where it is that batch
             book.report(result, rewards, stats, tasks, advantages if trained is result else None, groups)
 
+def frozen_reference(model, lora, kl):
+    """pi_ref where the loss takes a KL to it (kl) and there is no LoRA adapter to switch off (full fine-tuning):
+    a frozen copy of the model, the only way to keep it. Else None: reference_policy switches the adapter off."""
+    return copy.deepcopy(model).eval().requires_grad_(False) if kl and not lora else None
+
+def warmup_schedule(optimizer, args):
+    """Linear warm-up, then constant: lr_t = lr * min(1, (t + 1) / (warmup + 1)), t counting optimizer updates."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: min(1.0, (t + 1) / (args.warmup_steps + 1)))
+
+def saver(args, run_dir, *objects):
+    """save(step, position), as Bookkeeping calls it: the steps done so far as run_dir/step_N, written by the
+    experiment's save_checkpoint(folder, *objects, state, keep)."""
+    def save(step, position):
+        save_checkpoint(run_dir / f"step_{step:06d}", *objects, training_state(args, step, position),
+                        args.keep_checkpoints)
+    return save
+
+# ---- Option plumbing: the defaults that depend on the device ----
+
+def by_device(name, help):
+    """An option whose default depends on the device (DEVICE_DEFAULTS): absent until complete_args sets it."""
+    gpu, cpu = DEVICE_DEFAULTS[name]
+    shown = lambda value: value if value != "" else "none"  # noqa: E731
+    return {"default": argparse.SUPPRESS, "help": f"{help} (default: {shown(gpu)} on CUDA, {shown(cpu)} on CPU)"}
+
+def complete_args(args, parser):
+    """The device, the defaults that depend on it and on --task, and the checks that involve two options."""
+    args.device = resolve_device(args.device, parser)
+    for name, (gpu, cpu) in DEVICE_DEFAULTS.items():
+        if not hasattr(args, name):
+            setattr(args, name, gpu if args.device.startswith("cuda") else cpu)
+    if args.generation_batch_size is None:  # the whole step at once
+        args.generation_batch_size = args.rollouts_per_step * args.group_size
+    if args.data_path is None:  # the task's own data, found from any working directory
+        args.data_path, args.data_config = located(TASKS[args.task].train), args.data_config or TASKS[args.task].config
+    if args.eval_data_path is None:  # a hub id or folder has its own held-out split; a file is evaluated on the task's
+        args.eval_data_path = args.data_path if has_splits(args.data_path) else located(TASKS[args.task].eval)
+    args.clip_eps_low = args.clip_eps if args.clip_eps_low is None else args.clip_eps_low
+    args.clip_eps_high = args.clip_eps if args.clip_eps_high is None else args.clip_eps_high
+    args.overlong_buffer = args.max_length // 5 if args.overlong_buffer is None else args.overlong_buffer
+    if args.group_size < 2 and (args.algorithm != "reinforce_pp" or args.dynamic_sampling):
+        parser.error(f"argument --group-size: must be an integer in [2, inf), got {args.group_size} (GRPO compares "
+                     "completions within a group; only reinforce_pp without --dynamic-sampling takes 1)")
+    if args.overlong_buffer > args.max_length:
+        parser.error(f"--overlong-buffer must be between 0 and --max-length ({args.max_length}), "
+                     f"got {args.overlong_buffer}")
+    if args.updates_per_step > args.rollouts_per_step * args.group_size:
+        parser.error(f"--updates-per-step {args.updates_per_step}: a step has only "
+                     f"{args.rollouts_per_step * args.group_size} sequences (rollouts-per-step x group-size) to split "
+                     "into mini-batches")
+    if not args.lora and args.quantization != "none":
+        parser.error("--no-lora trains every weight, which quantized weights cannot do: add --quantization none")
+    if args.sampling_weights != "auto" and args.quantization != "4bit":  # both name a way to sample from 4-bit weights
+        parser.error(f"--sampling-weights {args.sampling_weights} needs --quantization 4bit "
+                     f"(it is {args.quantization})")
+    try:
+        parse_weights(args.reward_weights)
+    except ValueError as e:
+        parser.error(f"--reward-weights {args.reward_weights!r}: {e}")
+    return args
 
 # ---- This experiment's own plumbing: what it changes of tiny_grpo/'s, what calls that, its own tools ----
 
@@ -871,8 +913,10 @@ def preset_text():
         return f"{flag}\0{value}"  # \0: an option and its value stay on one line
 
     width = max(map(len, PRESETS)) + 4  # the names' column
-    lines = [textwrap.fill(" ".join(option(k, v) for k, v in settings.items()), 100, initial_indent=f"  {name:<{width - 2}}",
-                           subsequent_indent=" " * width, break_on_hyphens=False).replace("\0", " ") for name, settings in PRESETS.items()]
+    lines = [textwrap.fill(" ".join(option(k, v) for k, v in settings.items()), 100,
+                           initial_indent=f"  {name:<{width - 2}}", subsequent_indent=" " * width,
+                           break_on_hyphens=False).replace("\0", " ")
+             for name, settings in PRESETS.items()]
     return ("presets (--preset NAME; --algorithm X alone applies preset X; options given on the command line win):\n"
             + "\n".join(lines))
 
@@ -895,7 +939,8 @@ class StepStatistics:
         stats.update(loss=self.last_loss)
         for name in self.logged:
             self.totals[name] += stats[name] * (share / self.updates)
-        self.entropy_sum, self.ran = self.entropy_sum + masked_mean(entropy, mask).item() * len(mask), self.ran + len(mask)
+        self.entropy_sum, self.ran = (self.entropy_sum + masked_mean(entropy, mask).item() * len(mask),
+                                      self.ran + len(mask))
 
     def update(self, grad_norm, optimizer):
         """An optimizer update about to be made: its gradient norm and learning rate."""
@@ -909,11 +954,13 @@ class StepStatistics:
 def take_groups(result, groups, group_size):
     """The rows of the given groups (indices [K]) of a rollout: row i*G+j is the j-th completion of prompt i."""
     rows = (groups[:, None] * group_size + torch.arange(group_size)).flatten()
-    return Rollout(result.sequence_ids[rows], result.attention_mask[rows], result.action_mask[rows], result.rewards[rows],
-                   {name: values[rows] for name, values in result.terms.items()}, [result.completions[i] for i in rows.tolist()])
+    return Rollout(result.sequence_ids[rows], result.attention_mask[rows], result.action_mask[rows],
+                   result.rewards[rows], {name: values[rows] for name, values in result.terms.items()},
+                   [result.completions[i] for i in rows.tolist()])
 
 def concat_rollouts(parts, pad_id):
-    """Rollouts of different prompt and completion widths as one batch: prompts left-padded, completions right-padded."""
+    """Rollouts of different prompt and completion widths as one batch: prompts left-padded, completions
+    right-padded."""
     prompt_width = max(part.sequence_ids.shape[1] - part.action_mask.shape[1] for part in parts)
     width = max(part.action_mask.shape[1] for part in parts)
 

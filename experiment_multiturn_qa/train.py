@@ -70,9 +70,9 @@ DEVICE_DEFAULTS = dict(  # the options whose default depends on the device: (on 
     model_name=(GPU_MODEL, CPU_MODEL), quantization=("4bit", "none"), group_size=(8, 4), rollouts_per_step=(16, 4),
     max_length=(512, 128), max_steps=(500, 50), lr=(2e-5, 1e-4), eval_prompts=(200, 20),
     generation_batch_size=(256, None), top_k=(3, 1), temperature=(1.0, 0.7))
-# CUDA: TRL's num_generations (8) and max_completion_length (512), 16 prompts (about 25 s a step on an H100, estimated).
-# CPU: Gemma-3-270M copies an answer from the last of several passages, while the best comes first (top_k 1); at
-# T = 0.7 it samples the exact answer 3 times as often as at T = 1, so more groups differ (experiment README).
+# CUDA: TRL's num_generations (8) and max_completion_length (512), 16 prompts. CPU: Gemma-3-270M copies an answer
+# from the last of several passages, while the best comes first (top_k 1); at T = 0.7 it samples the exact answer more
+# often than at T = 1, so more groups differ.
 MAX_TURNS = 3  # searches per episode, by default
 
 def parse_args(argv=None):
@@ -80,62 +80,37 @@ def parse_args(argv=None):
     real("(0, 1]") refuses a value outside its range, or inf, or nan; (TRL: name) is the same setting in TRL."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     g = p.add_argument_group("GRPO")
-    g.add_argument("--group-size", type=integer("[2, inf)"), **by_device("group_size", "G, completions sampled per prompt "
-                   "(TRL: num_generations); at least 2: GRPO compares the completions of a group"))
-    g.add_argument("--rollouts-per-step", type=integer("[1, inf)"), **by_device("rollouts_per_step", "prompts per step"))
+    g.add_argument("--group-size", type=integer("[2, inf)"), **by_device("group_size", "G, completions sampled per "
+                   "prompt (TRL: num_generations); at least 2: GRPO compares the completions of a group"))
+    g.add_argument("--rollouts-per-step", type=integer("[1, inf)"),
+                   **by_device("rollouts_per_step", "prompts per step"))
     g.add_argument("--max-length", type=integer("[1, inf)"), **by_device("max_length", "the model's own tokens per "
                    "episode, all turns together (retrieved passages do not count)"))
     g.add_argument("--max-turns", type=integer("[0, inf)"), default=MAX_TURNS,
                    help="searches per episode; the model answers in the turn after the last (0: no search)")
     g.add_argument("--temperature", type=real("[0.001, 1000]"), **by_device("temperature", "sampling temperature T; "
-                   "pi_theta, pi_old and pi_ref are all taken at T, softmax(logits / T), the distribution the sampler drew from"))
-    g.add_argument("--top-p", type=real("(0, 1]"), default=1.0, help="nucleus sampling; 1.0 samples the full distribution")
+                   "pi_theta, pi_old and pi_ref are all taken at T, softmax(logits / T), the distribution the sampler "
+                   "drew from"))
+    g.add_argument("--top-p", type=real("(0, 1]"), default=1.0,
+                   help="nucleus sampling; 1.0 samples the full distribution")
     g.add_argument("--lr", type=real("(0, 1]"), **by_device("lr", "learning rate"))
     g.add_argument("--warmup-steps", type=integer("[0, inf)"), default=0, help="linear learning-rate warm-up over this "
                    "many optimizer updates (a step makes --epochs-per-step x --updates-per-step of them)")
-    g.add_argument("--clip-eps", type=real("(0, 1]"), default=0.2, help="PPO clip range: ratio kept within [1-eps, 1+eps] "
-                   "(TRL: epsilon)")
+    g.add_argument("--clip-eps", type=real("(0, 1]"), default=0.2, help="PPO clip range: ratio kept within "
+                   "[1-eps, 1+eps] (TRL: epsilon)")
     g.add_argument("--kl-weight", type=real("[0, inf)"), default=0.01, help="beta, weight of the k3 KL to pi_ref "
                    "(TRL: beta); 0: no reference pass")
     g.add_argument("--epochs-per-step", type=integer("[1, inf)"), default=1, help="passes over each rollout batch, "
                    "PPO epochs (TRL: num_iterations)")
     g.add_argument("--updates-per-step", type=integer("[1, inf)"), default=1, help="mini-batches each pass splits the "
-                   "rollout batch into, one optimizer update each; above 1, pi_theta moves away from pi_old within a step and the clip acts")
+                   "rollout batch into, one optimizer update each; above 1, pi_theta moves away from pi_old within a "
+                   "step and the clip acts")
     g.add_argument("--max-grad-norm", type=real("(0, inf)"), default=1.0, help="gradient clipping")
     g.add_argument("--max-steps", type=integer("[1, inf)"), **by_device("max_steps", "training steps"))
     add_setup_options(p, by_device, None, REWARD_TERMS, DEFAULT_REWARD_WEIGHTS, DATA)  # model, data, ...
     add_search_options(p)  # the search tool
     p.set_defaults(experiment=EXPERIMENT)  # the experiment's name, recorded in every checkpoint
     return complete_args(p.parse_args(argv), p)  # the device and what depends on it, and checks across options
-
-def by_device(name, help):
-    """An option whose default depends on the device (DEVICE_DEFAULTS): absent until complete_args sets it."""
-    gpu, cpu = DEVICE_DEFAULTS[name]
-    shown = lambda value: value if value != "" else "none"  # noqa: E731
-    return {"default": argparse.SUPPRESS, "help": f"{help} (default: {shown(gpu)} on CUDA, {shown(cpu)} on CPU)"}
-
-def complete_args(args, parser):
-    """The device, the defaults that depend on it, and the checks that involve two options."""
-    args.device = resolve_device(args.device, parser)
-    for name, (gpu, cpu) in DEVICE_DEFAULTS.items():
-        if not hasattr(args, name):
-            setattr(args, name, gpu if args.device.startswith("cuda") else cpu)
-    if args.generation_batch_size is None:  # the whole step at once
-        args.generation_batch_size = args.rollouts_per_step * args.group_size
-    if args.eval_data_path is None:  # a hub id or folder has its own held-out split
-        args.eval_data_path = args.data_path if has_splits(args.data_path) else located(DATA[1])
-    if args.updates_per_step > args.rollouts_per_step * args.group_size:
-        parser.error(f"--updates-per-step {args.updates_per_step}: a step has only {args.rollouts_per_step * args.group_size} "
-                     "sequences (rollouts-per-step x group-size) to split into mini-batches")
-    if not args.lora and args.quantization != "none":
-        parser.error("--no-lora trains every weight, which quantized weights cannot do: add --quantization none")
-    if args.sampling_weights != "auto" and args.quantization != "4bit":  # both name a way to sample from 4-bit weights
-        parser.error(f"--sampling-weights {args.sampling_weights} needs --quantization 4bit (it is {args.quantization})")
-    try:
-        parse_weights(args.reward_weights)
-    except ValueError as e:
-        parser.error(f"--reward-weights {args.reward_weights!r}: {e}")
-    return args
 
 # ---- Model: the policy pi_theta and the reference pi_ref ----
 
@@ -187,8 +162,8 @@ def system_prompt():  # how to search and how to answer (the README documents th
 
 def format_prompt(tokenizer, question):
     """The chat template when the tokenizer has one, else a plain R1-Zero style template; either way the worked
-    examples (EXAMPLES, at the end of this file) come first, as earlier exchanges: a base model copies a format it has seen
-    far more often than one it is told about (Gemma-3-270M, untrained: 0.38 searches per episode instead of 0)."""
+    examples (EXAMPLES, at the end of this file) come first, as earlier exchanges: a base model copies a format it has
+    seen far more often than one it is told about."""
     instructions = system_prompt()
     shown = [{"role": role, "content": text} for pair in EXAMPLES for role, text in zip(("user", "assistant"), pair)]
     if getattr(tokenizer, "chat_template", None):
@@ -201,7 +176,7 @@ def add_prompts(model, tokenizer, args, train_tasks, eval_tasks, search=None):
     """Give every task {"question", "answer", "metadata"} its formatted prompt."""
     for task in train_tasks + eval_tasks:
         task["prompt"] = format_prompt(tokenizer, task["question"])
-    check_context(model, tokenizer, args, train_tasks, eval_tasks, search)  # a prompt or passages too long stop the run now
+    check_context(model, tokenizer, args, train_tasks, eval_tasks, search)  # a prompt or passages too long stop it now
 
 def load_inputs(args):
     """(Scorer, training tasks, held-out tasks): a bad data file or reward option fails before the model loads."""
@@ -221,7 +196,7 @@ def load_inputs(args):
 #   retrieval    a passage the model's searches brought back holds the answer (a process reward; retrieval=0 drops it)
 #   search_cost  the searches beyond the first, a fraction of the extra searches allowed (weighted negatively)
 #   custom       --reward-fn, a function of yours;  remote: --reward-url, an HTTP reward service
-# format 0: at 0.1 or 0.05 Gemma-3-270M learned in 2-7 steps to answer unsearched, at 0 to search (experiment README)
+# format 0: with a weight on the format the small model learns to answer unsearched, without one to search
 DEFAULT_REWARD_WEIGHTS = "correctness=1,format=0,retrieval=0.2,search_cost=-0.1"
 REWARD_TERMS = ("correctness", "format", "retrieval", "search_cost", "custom", "remote")
 
@@ -285,7 +260,8 @@ def search_cost(metadata, max_turns=MAX_TURNS):
 class Scorer:
     """Completions -> rewards [B], r = sum_k w_k term_k, and the terms {k: [B]}, for the options of a run."""
 
-    def __init__(self, weights="", reward_fn=None, reward_url=None, timeout=30.0, retries=3, max_turns=MAX_TURNS, custom_timeout=60.0):
+    def __init__(self, weights="", reward_fn=None, reward_url=None, timeout=30.0, retries=3, max_turns=MAX_TURNS,
+                 custom_timeout=60.0):
         self.max_turns = max_turns  # the search cost is a fraction of the extra searches allowed
         self.weights = parse_weights(weights)  # the defaults, with --reward-weights over them
         # --reward-fn's and --reward-url's terms, each weighing 1 unless --reward-weights says otherwise
@@ -297,7 +273,7 @@ class Scorer:
         terms.update(self.outside(completions, answers, metadata))  # custom and remote, where used
         terms = {name: torch.tensor(values, dtype=torch.float32) for name, values in terms.items()}
         rewards = total_reward(terms, self.weights)
-        check_finite(rewards, terms, completions, answers)  # a reward of inf or nan stops the run, naming the completion
+        check_finite(rewards, terms, completions, answers)  # an inf or nan reward stops the run, naming the completion
         return rewards, terms
 
 # ---- Rollout: G episodes per prompt, sampled from pi_old, the search tool run between turns ----
@@ -305,8 +281,9 @@ class Scorer:
 STOP_STRINGS = ("</answer>", "\nUser:", "</search>")  # a turn also ends at the user's next turn, or at a search call
 
 # An episode is the model's turns and the retrieved passages, interleaved, after the prompt:
-#   prompt | turn 1 ... </search> | <information>...</information> | turn 2 ... </search> | <information>... | turn 3 ... </answer>
-#   action mask:   1 1 ... 1      |  0 0 ...                    0  |  1 1 ...          1 |  0 ...            |  1 ...            1
+#   prompt | turn 1 ... </search> | <information>...</information> | turn 2 ... </search> | <information>... | ...
+#   action mask:   1 1 ... 1      |  0 0 ...                    0  |  1 1 ...          1 |  0 ...            | ...
+# and so on to the last turn, which ends at </answer>, EOS or the budget (its tokens are actions: 1)
 # A closed search call runs while the episode has searches (--max-turns) and budget left (the model's own tokens; the
 # passages' are bounded by --top-k and --passage-chars); each <information> block is tokenized once: the mask is exact.
 INFORMATION = "\n<information>\n{}\n</information>\n"  # around format_passages' "Doc 1 (id):\ntext\n\nDoc 2 ..."
@@ -355,7 +332,7 @@ def sample(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, te
     Why not model.generate: it repeats each prompt G times before the prefill; a generation_config may add a top-k,
     so that the tokens would not come from the distribution the loss takes log-probs of; and EOS is an action here.
     A run takes sample_fast (tiny_grpo/decode.py), the same loop's fast form: rows that ended leave the batch, the
-    cache gets its room once, on CUDA a step is one CUDA graph (test_sample_fast_draws_the_plain_loops_tokens)."""
+    cache gets its room once, on CUDA a step is one CUDA graph."""
     if not plain:
         return sample_fast(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, temperature, top_p,
                            sample_token, STOP_STRINGS)
@@ -374,7 +351,8 @@ def sample(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, te
         next_ids = next_ids.masked_fill(finished, tokenizer.pad_token_id)
         tokens.append(next_ids)
         actions.append(~finished)  # a token is an action if its sequence had not ended before it
-        finished = finished | torch.isin(next_ids, stop_ids) | ends_with_stop_string(tokenizer, tokens, finished, STOP_STRINGS)
+        finished = (finished | torch.isin(next_ids, stop_ids)
+                    | ends_with_stop_string(tokenizer, tokens, finished, STOP_STRINGS))
         if finished.all() or t == max_length - 1:
             break
         mask = torch.cat([mask, actions[-1].long()[:, None]], dim=1)  # s_t+1: one more position
@@ -397,7 +375,8 @@ def add_turn(episode, turn, tokenizer, stop_ids, max_length, max_turns):
 def add_information(episodes, queries, search, tokenizer):
     """One batched search for the paused episodes; each gets its <information> block appended."""
     found = search(queries) if search else [[] for _ in queries]  # no search tool: every search finds nothing
-    blocks = tokenizer([INFORMATION.format(format_passages(passages)) for passages in found], add_special_tokens=False).input_ids
+    blocks = tokenizer([INFORMATION.format(format_passages(passages)) for passages in found],
+                       add_special_tokens=False).input_ids
     for episode, query, passages, ids in zip(episodes, queries, found, blocks):
         episode.ids += ids
         episode.actions += [0] * len(ids)  # the retriever's tokens: in the context, never actions
@@ -405,18 +384,20 @@ def add_information(episodes, queries, search, tokenizer):
         episode.passages += [p.text for p in passages]
         episode.information_tokens += len(ids)
 
-def play_episodes(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, temperature, top_p, search, max_turns):
+def play_episodes(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, temperature, top_p, search,
+                  max_turns):
     """Play group_size episodes for each prompt of one generation batch (row i*G+j the j-th of prompt i): the episodes
     and the seconds spent searching. Turn 1 is sample() of the prompts; then, after one batched search for the paused
-    episodes, the whole context so far of each (prompt, turns, passages) is prefilled, left-padded, and sampled again."""
+    episodes, the whole context so far of each (prompt, turns, passages) is prefilled, left-padded, and sampled
+    again."""
     stop_ids = stop_token_ids(model, tokenizer)
     prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
     episodes = [Episode() for _ in range(len(prompts) * group_size)]
     running, search_seconds = list(range(len(episodes))), 0.0
     ids, actions = sample(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, temperature, top_p)
     while True:
-        queries = [add_turn(episodes[row], turn_ids[turn_actions.bool()].tolist(), tokenizer, stop_ids, max_length, max_turns)
-                   for row, turn_ids, turn_actions in zip(running, ids, actions)]
+        queries = [add_turn(episodes[row], turn_ids[turn_actions.bool()].tolist(), tokenizer, stop_ids, max_length,
+                            max_turns) for row, turn_ids, turn_actions in zip(running, ids, actions)]
         paused = {row: query for row, query in zip(running, queries) if query is not None}  # the rows that search
         running = list(paused)
         if not running:  # every turn ends an episode or runs one of its searches: at most max_turns + 1 turns
@@ -436,34 +417,39 @@ RECORD_FIELDS = ("answer_retrieved", "queries", "searches", "turns")  # the epis
 def rollout(model, tokenizer, tasks, group_size, max_length, temperature=1.0, top_p=1.0, generation_batch_size=None,
             score=None, search=None, max_turns=MAX_TURNS):
     """Play group_size episodes for each task {"prompt", "answer", "metadata"}, searching with search(queries) ->
-    passages per query (None: every search finds nothing), each row's metadata gaining its search record, and score them with
-    score(completions, answers, metadata), by default Scorer(). Row i*G+j is the j-th completion of tasks[i]."""
+    passages per query (None: every search finds nothing), each row's metadata gaining its search record, and score
+    them with score(completions, answers, metadata), by default Scorer(). Row i*G+j is the j-th completion of
+    tasks[i]."""
     device = next(model.parameters()).device
     prompts = [task["prompt"] for task in tasks]
     has_bos = bool(tokenizer.bos_token) and prompts[0].startswith(tokenizer.bos_token)  # chat templates add it
     encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=not has_bos).to(device)
     episodes, search_seconds = play_in_batches(model, tokenizer, encoded, group_size, max_length, temperature, top_p,
-                                               generation_batch_size, search, max_turns)  # at most this many rows at once
+                                               generation_batch_size, search, max_turns)  # at most so many rows at once
     width = max(len(e.ids) for e in episodes)  # episodes end at different lengths
     padded = lambda values, fill: pad_right(torch.tensor([values], device=device), width, fill)  # noqa: E731
     episode_ids = torch.cat([padded(e.ids, tokenizer.pad_token_id) for e in episodes])
     episode_mask = torch.cat([padded([1] * len(e.ids), 0) for e in episodes])
     action_mask = torch.cat([padded(e.actions, 0) for e in episodes])
 
-    completions = [tokenizer.decode(ids[mask.bool()], skip_special_tokens=True) for ids, mask in zip(episode_ids, action_mask)]
+    completions = [tokenizer.decode(ids[mask.bool()], skip_special_tokens=True)
+                   for ids, mask in zip(episode_ids, action_mask)]
     transcripts = [tokenizer.decode(e.ids, skip_special_tokens=True) for e in episodes]
     rows = [task for task in tasks for _ in range(group_size)]
     retrieved = [any(answer_in(text, t["answer"]) for text in e.passages) for e, t in zip(episodes, rows)]
     records = [{**t.get("metadata", {}), "searches": len(e.queries), "queries": e.queries, "turns": e.turns,
                 "answer_retrieved": found} for t, e, found in zip(rows, episodes, retrieved)]
     rewards, terms = (score or Scorer(max_turns=max_turns))(completions, [t["answer"] for t in rows], records)
-    prompt_ids, prompt_mask = (x.repeat_interleave(group_size, dim=0) for x in (encoded.input_ids, encoded.attention_mask))
+    prompt_ids, prompt_mask = (x.repeat_interleave(group_size, dim=0)
+                               for x in (encoded.input_ids, encoded.attention_mask))
     return Rollout(sequence_ids=torch.cat([prompt_ids, episode_ids], dim=1),
                    attention_mask=torch.cat([prompt_mask, episode_mask], dim=1),
                    action_mask=action_mask, rewards=rewards, terms=terms, completions=completions,
                    transcripts=transcripts, searches=torch.tensor([len(e.queries) for e in episodes]),
-                   turns=torch.tensor([e.turns for e in episodes]), answer_retrieved=torch.tensor(retrieved, dtype=torch.float32),
-                   information_tokens=torch.tensor([e.information_tokens for e in episodes]), search_seconds=search_seconds)
+                   turns=torch.tensor([e.turns for e in episodes]),
+                   answer_retrieved=torch.tensor(retrieved, dtype=torch.float32),
+                   information_tokens=torch.tensor([e.information_tokens for e in episodes]),
+                   search_seconds=search_seconds)
 
 # ---- Advantages ----
 
@@ -483,14 +469,15 @@ def masked_mean(x, mask, dim=None):
     mask = mask.to(x.dtype)
     return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
 
-def sequence_log_probs(model, input_ids, attention_mask, num_actions=None, temperature=1.0, action_mask=None, plain=False):
+def sequence_log_probs(model, input_ids, attention_mask, num_actions=None, temperature=1.0, action_mask=None,
+                       plain=False):
     """Per-token log-probs [B, T] of the last T = num_actions tokens (the episode) under the policy at the sampling
     temperature T, pi = softmax(logits / T), and its entropy at each (logged, no gradient); 0 where masked:
         log pi(a_t | s_t) = log_softmax(logits_t / T)[a_t],   H_t = -sum_a pi(a | s_t) log pi(a | s_t)
     Below, as plain PyTorch (plain=True). It holds [B, T, V] logits (V = 262,144 for Gemma-3); the run takes
     fast_log_probs, the same numbers without that tensor (only the action rows reach the output layer, in chunks,
-    a group's prompt once, the gradient written out): test_fast_log_probs_equal_the_plain_form holds the two
-    equal, values and gradients. The actions: where action_mask [B, T] is 1 (default: the attention mask), no passages."""
+    a group's prompt once, the gradient written out).
+    The actions: where action_mask [B, T] is 1 (default: the attention mask), no passages."""
     num_actions = num_actions or input_ids.shape[1] - 1
     if not plain:
         return fast_log_probs(model, input_ids, attention_mask, num_actions, temperature, action_mask)
@@ -580,8 +567,8 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
                 new_log_probs, entropy = log_probs(model, idx)
                 old_log_probs = old(idx, epoch, new_log_probs)  # log pi_old of these rows
                 ref = None if ref_log_probs is None else ref_log_probs[idx]
-                loss, loss_stats = grpo_loss(new_log_probs, old_log_probs, advantages[idx], action_mask[idx], args.clip_eps,
-                                             ref, args.kl_weight)
+                loss, loss_stats = grpo_loss(new_log_probs, old_log_probs, advantages[idx], action_mask[idx],
+                                             args.clip_eps, ref, args.kl_weight)
                 with uncast_lora_inputs(model):  # the same gradients, fewer copies (checkpointing's recomputation)
                     (loss * len(idx) / len(rows)).backward()  # the mean over the mini-batch's sequences, accumulated
                 stats.add(loss, loss_stats, len(idx) / len(rows), entropy, action_mask[idx], idx)
@@ -598,13 +585,15 @@ def evaluate(model, tokenizer, tasks, args, score, search):
     model.eval()
     with sampling_weights(model, args):  # 4-bit weights dequantized once, not at every token
         result = rollout(model, tokenizer, tasks, group_size=1, max_length=args.max_length, temperature=0,
-                         generation_batch_size=args.generation_batch_size, score=score, search=search, max_turns=args.max_turns)
+                         generation_batch_size=args.generation_batch_size, score=score, search=search,
+                         max_turns=args.max_turns)
     right = (result.terms["correctness"] == 1).float()
     hops = [str(task.get("metadata", {}).get("hops")) for task in tasks]  # data/qa: eval/accuracy_hops_1, _2
     return {"eval/accuracy": right.mean().item(), "eval/format_rate": result.terms["format"].mean().item(),
             "eval/searches_per_episode": result.searches.float().mean().item(),
             "eval/retrieval_recall": result.answer_retrieved.mean().item(),
-            **{f"eval/accuracy_hops_{kind}": right[[h == kind for h in hops]].mean().item() for kind in sorted(set(hops) - {"None"})}}, result
+            **{f"eval/accuracy_hops_{kind}": right[[h == kind for h in hops]].mean().item()
+               for kind in sorted(set(hops) - {"None"})}}, result
 
 # ---- The training loop ----
 
@@ -627,29 +616,22 @@ def run(args):
     model, tokenizer = load_model(args)
     add_prompts(model, tokenizer, args, train_tasks, eval_tasks, search)  # each prompt: the worked examples, then it
     optimizer = make_optimizer(model, args)
-    reference = None
-    if not args.lora and args.kl_weight > 0:  # full fine-tuning: a frozen copy is the only way to keep pi_ref
-        reference = copy.deepcopy(model).eval().requires_grad_(False)
-    # linear warm-up, then constant: lr_t = lr * min(1, (t + 1) / (warmup + 1)), t counting optimizer updates
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: min(1.0, (t + 1) / (args.warmup_steps + 1)))
+    reference = frozen_reference(model, args.lora, args.kl_weight > 0)  # pi_ref's copy for --no-lora, else None
+    scheduler = warmup_schedule(optimizer, args)  # lr_t = lr * min(1, (t + 1) / (warmup + 1)), t counting updates
     step, position = resume(checkpoint_dir, model, optimizer, scheduler)  # position: (data pass, index in it)
-
-    def save(step, position):  # the steps done so far, as run_dir/step_N
-        save_checkpoint(run_dir / f"step_{step:06d}", model, optimizer, scheduler, training_state(args, step, position),
-                        args.keep_checkpoints)
-
+    save = saver(args, run_dir, model, optimizer, scheduler)  # save(step, position): the steps done, run_dir/step_N
     # the loggers, Ctrl-C, memory peaks, the progress bar, a checkpoint every --checkpoint-interval steps and at the end
     with Bookkeeping(args, run_dir, step, position, save, eval_tasks, tokenizer, score.weights) as book:
-        if args.eval_interval and (book.step == 0 or book.evaluation_owed):  # the curve's start, or one a stop cut
+        if book.evaluation_due(start=True):  # the curve's start, or the one a stop cut short
             book.evaluated(*evaluate(model, tokenizer, eval_tasks, args, score, search))
         while book.step < args.max_steps:
-            tasks, next_position = next_prompts(train_tasks, args.rollouts_per_step, book.position, args.seed)  # shuffled
+            tasks, next_position = next_prompts(train_tasks, args.rollouts_per_step, book.position, args.seed)
 
             # Rollout: play a group of episodes per prompt, searches included, and score them.
             model.eval()
             with sampling_weights(model, args), book.phase("sampling"):  # 4-bit weights dequantized once
-                result = rollout(model, tokenizer, tasks, args.group_size, args.max_length, args.temperature, args.top_p,
-                                 args.generation_batch_size, score, search, args.max_turns)
+                result = rollout(model, tokenizer, tasks, args.group_size, args.max_length, args.temperature,
+                                 args.top_p, args.generation_batch_size, score, search, args.max_turns)
             rewards = result.rewards.view(-1, args.group_size)
             advantages = group_advantages(rewards).flatten().to(args.device)
 
@@ -658,22 +640,72 @@ def run(args):
             batch = (result.sequence_ids, result.attention_mask, result.action_mask, advantages)
             with book.update(next_position):  # weights, optimizer and step change together; then book.step += 1
                 stats = train_step(model, batch, args, optimizer, scheduler, reference, book.step)
-            if args.eval_interval and (book.step % args.eval_interval == 0 or book.step == args.max_steps):
+            if book.evaluation_due():  # every --eval-interval steps, and after the last
                 book.evaluated(*evaluate(model, tokenizer, eval_tasks, args, score, search))
             book.report(result, rewards, stats, tasks, advantages, episode_metrics(result))  # logs; a checkpoint
 
+def frozen_reference(model, lora, kl):
+    """pi_ref where the loss takes a KL to it (kl) and there is no LoRA adapter to switch off (full fine-tuning):
+    a frozen copy of the model, the only way to keep it. Else None: reference_policy switches the adapter off."""
+    return copy.deepcopy(model).eval().requires_grad_(False) if kl and not lora else None
+
+def warmup_schedule(optimizer, args):
+    """Linear warm-up, then constant: lr_t = lr * min(1, (t + 1) / (warmup + 1)), t counting optimizer updates."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: min(1.0, (t + 1) / (args.warmup_steps + 1)))
+
+def saver(args, run_dir, *objects):
+    """save(step, position), as Bookkeeping calls it: the steps done so far as run_dir/step_N, written by the
+    experiment's save_checkpoint(folder, *objects, state, keep)."""
+    def save(step, position):
+        save_checkpoint(run_dir / f"step_{step:06d}", *objects, training_state(args, step, position),
+                        args.keep_checkpoints)
+    return save
+
+# ---- Option plumbing: the defaults that depend on the device ----
+
+def by_device(name, help):
+    """An option whose default depends on the device (DEVICE_DEFAULTS): absent until complete_args sets it."""
+    gpu, cpu = DEVICE_DEFAULTS[name]
+    shown = lambda value: value if value != "" else "none"  # noqa: E731
+    return {"default": argparse.SUPPRESS, "help": f"{help} (default: {shown(gpu)} on CUDA, {shown(cpu)} on CPU)"}
+
+def complete_args(args, parser):
+    """The device, the defaults that depend on it, and the checks that involve two options."""
+    args.device = resolve_device(args.device, parser)
+    for name, (gpu, cpu) in DEVICE_DEFAULTS.items():
+        if not hasattr(args, name):
+            setattr(args, name, gpu if args.device.startswith("cuda") else cpu)
+    if args.generation_batch_size is None:  # the whole step at once
+        args.generation_batch_size = args.rollouts_per_step * args.group_size
+    if args.eval_data_path is None:  # a hub id or folder has its own held-out split
+        args.eval_data_path = args.data_path if has_splits(args.data_path) else located(DATA[1])
+    if args.updates_per_step > args.rollouts_per_step * args.group_size:
+        parser.error(f"--updates-per-step {args.updates_per_step}: a step has only "
+                     f"{args.rollouts_per_step * args.group_size} sequences (rollouts-per-step x group-size) to split "
+                     "into mini-batches")
+    if not args.lora and args.quantization != "none":
+        parser.error("--no-lora trains every weight, which quantized weights cannot do: add --quantization none")
+    if args.sampling_weights != "auto" and args.quantization != "4bit":  # both name a way to sample from 4-bit weights
+        parser.error(f"--sampling-weights {args.sampling_weights} needs --quantization 4bit "
+                     f"(it is {args.quantization})")
+    try:
+        parse_weights(args.reward_weights)
+    except ValueError as e:
+        parser.error(f"--reward-weights {args.reward_weights!r}: {e}")
+    return args
 
 # ---- This experiment's own plumbing: what it changes of tiny_grpo/'s, what calls that, its own tools ----
 
 def add_search_options(p):
     """The search tool's options."""
     g = p.add_argument_group("search tool")
-    g.add_argument("--corpus-dir", type=located, default="data/qa/corpus", help="the documents to search: a folder of .md, .txt "
-                   "and .pdf files (searched recursively), split into passages at blank lines")
+    g.add_argument("--corpus-dir", type=located, default="data/qa/corpus", help="the documents to search: a folder "
+                   "of .md, .txt and .pdf files (searched recursively), split into passages at blank lines")
     g.add_argument("--retriever", default="dense", choices=RETRIEVERS,
                    help="dense: all-MiniLM-L6-v2 embeddings in a faiss index (cached on disk); bm25: word overlap")
     g.add_argument("--top-k", type=integer("[1, inf)"), **by_device("top_k", "passages returned per search; refused "
-                   "before the run when --max-turns searches of them, the longest prompt and --max-length pass the model's context"))
+                   "before the run when --max-turns searches of them, the longest prompt and --max-length pass the "
+                   "model's context"))
     g.add_argument("--passage-chars", type=integer("[0, inf)"), default=PASSAGE_CHARS,
                    help="each passage shown to the model is cut to this many characters (0: whole passages)")
 
@@ -681,7 +713,8 @@ def add_search_options(p):
 # a held-out answer from its passage in 17% of samples at T = 1 after them, 0.4% after a one-line, 3-passage example.
 EXAMPLES = (
     ("What is the birthplace of Daulo Mirkens?",
-     "<search> What is the birthplace of Daulo Mirkens? </search>\n<information>\nDoc 1 (person_9001#0):\n# Daulo Mirkens\n"
+     "<search> What is the birthplace of Daulo Mirkens? </search>\n<information>\nDoc 1 (person_9001#0):\n"
+     "# Daulo Mirkens\n"
      "Daulo Mirkens was born in 1862 in the town of Oskerby. The family kept a small farm, and Mirkens walked to "
      "school every day.\n</information>\n<answer> Oskerby </answer>"),
     ("Who employed Vessa Trannig?",
@@ -710,7 +743,7 @@ def load_tasks(path, prompt_key="question", answer_key="answer", filters=(), max
             if not isinstance(row[key], (str, int, float)) or isinstance(row[key], bool):
                 raise InputError(f"{where}: field {key!r} must be a string, got {type(row[key]).__name__}")
             try:
-                str(row[key]).encode("utf-8")  # JSON's \ud800 escapes decode to lone surrogates, which no tokenizer takes
+                str(row[key]).encode("utf-8")  # JSON's \ud800 escapes decode to lone surrogates, no tokenizer's
             except UnicodeEncodeError:
                 raise InputError(f"{where}: field {key!r} holds a lone surrogate (an escape in \\ud800-\\udfff)")
             if not str(row[key]).strip():
@@ -718,11 +751,11 @@ def load_tasks(path, prompt_key="question", answer_key="answer", filters=(), max
             if isinstance(row[key], float) and not math.isfinite(row[key]):  # NaN, Infinity, 1e400: no answer matches
                 raise InputError(f"{where}: field {key!r} is {row[key]}, which no completion can match")
             if isinstance(row[key], float) and len(as_text(row[key])) > 100:  # parse_number reads 100 characters
-                raise InputError(f"{where}: field {key!r} is {row[key]}, {len(as_text(row[key]))} characters written out, "
-                                 "which no completion can match (numbers are compared up to 100 digits)")
+                raise InputError(f"{where}: field {key!r} is {row[key]}, {len(as_text(row[key]))} characters written "
+                                 "out, which no completion can match (numbers are compared up to 100 digits)")
         if not normalize_answer(as_text(row[answer_key])):  # 'A', 'The', '?!': nothing is left to match, no reward
-            raise InputError(f"{where}: field {answer_key!r} is {as_text(row[answer_key])!r}, which normalisation (lower "
-                             "case, no punctuation or articles) empties: no completion can match it")
+            raise InputError(f"{where}: field {answer_key!r} is {as_text(row[answer_key])!r}, which normalisation "
+                             "(lower case, no punctuation or articles) empties: no completion can match it")
         for field in wanted:
             if field not in row:
                 raise InputError(f"{where}: --filter {field}=...: the row has no field {field!r}")
@@ -733,7 +766,8 @@ def load_tasks(path, prompt_key="question", answer_key="answer", filters=(), max
             taken = [name for name in RECORD_FIELDS if name in metadata]  # the episode's record would replace them
             if taken:
                 raise InputError(f"{where}: field {taken[0]!r} is a name of the episode's record "
-                                 f"({', '.join(RECORD_FIELDS)}), which the reward receives in its place: rename the field")
+                                 f"({', '.join(RECORD_FIELDS)}), which the reward receives in its place: rename the "
+                                 "field")
             answer = as_text(row[answer_key])
             tasks.append({"question": as_text(row[prompt_key]), "answer": answer, "metadata": metadata})
         if max_rows is not None and len(tasks) >= max_rows:
@@ -755,8 +789,9 @@ def check_context(model, tokenizer, args, train_tasks, eval_tasks, search=None):
         for task in sorted(tasks, key=lambda t: len(t["prompt"]))[-8:] if context else []:
             tokens = len(tokenizer(task["prompt"]).input_ids)
             if tokens + args.max_length > context:
-                raise InputError(f"{path}: the question {task['question'][:80]!r}... makes a prompt of {tokens} tokens, "
-                                 f"which with --max-length {args.max_length} passes the model's context of {context}")
+                raise InputError(f"{path}: the question {task['question'][:80]!r}... makes a prompt of {tokens} "
+                                 f"tokens, which with --max-length {args.max_length} passes the model's context of "
+                                 f"{context}")
             longest = max(longest, tokens)
     if not context or search is None or args.max_turns == 0:  # else a --top-k whose passages do not fit either
         return
@@ -772,11 +807,12 @@ def check_context(model, tokenizer, args, train_tasks, eval_tasks, search=None):
     while over - fits > 1:
         middle = (fits + over) // 2
         fits, over = (middle, over) if episode(middle) <= context else (fits, middle)
-    advice = f"--top-k {fits} fits" if fits else "not even one passage fits: lower --max-turns, --passage-chars or --max-length"
+    advice = (f"--top-k {fits} fits" if fits
+              else "not even one passage fits: lower --max-turns, --passage-chars or --max-length")
     raise InputError(f"--top-k {args.top_k}: a search shows up to {information(top_k)} tokens of passages (the {top_k} "
-                     f"longest, cut to --passage-chars {args.passage_chars}); --max-turns {args.max_turns} searches of them, "
-                     f"the longest prompt's {longest} tokens and --max-length {args.max_length} make {episode(top_k)} "
-                     f"tokens, more than the model's context of {context}: {advice}")
+                     f"longest, cut to --passage-chars {args.passage_chars}); --max-turns {args.max_turns} searches of "
+                     f"them, the longest prompt's {longest} tokens and --max-length {args.max_length} make "
+                     f"{episode(top_k)} tokens, more than the model's context of {context}: {advice}")
 
 def information_tokens(tokenizer, passages, passage_chars):
     """k -> the most tokens one search of k passages appends: the <information> block of the k passages of the corpus
@@ -784,7 +820,8 @@ def information_tokens(tokenizer, passages, passage_chars):
     shown = [replace(p, text=shorten(p.text, passage_chars)) for p in passages]
     sizes = [len(ids) for ids in tokenizer([format_passages([p]) for p in shown], add_special_tokens=False).input_ids]
     largest = [shown[i] for i in sorted(range(len(shown)), key=lambda i: -sizes[i])]
-    return lambda k: len(tokenizer(INFORMATION.format(format_passages(largest[:k])), add_special_tokens=False).input_ids)
+    return lambda k: len(tokenizer(INFORMATION.format(format_passages(largest[:k])),
+                                   add_special_tokens=False).input_ids)
 
 SEARCH_CALL = re.compile(r"<search>((?:(?!<search>).)*?)</search>", re.DOTALL)  # innermost: no <search> inside
 
@@ -812,7 +849,8 @@ def answer_in(text, answer):
 def find_search_call(turn):
     """The query of the search call that ends a model turn, or None. Generation pauses at the first closing tag, but a
     token may hold several characters: of several complete calls only the last is run; an unclosed call is no call; a
-    turn that answers searches nothing; of nested tags the innermost call is run (the format term gives such turns 0)."""
+    turn that answers searches nothing; of nested tags the innermost call is run (the format term gives such turns
+    0)."""
     if "</answer>" in turn:
         return None
     calls = SEARCH_CALL.findall(turn)
@@ -836,22 +874,25 @@ def make_search(index, top_k=3, passage_chars=PASSAGE_CHARS):
     return search
 
 def load_search(args):
-    """The search tool over --corpus-dir, its index built once (dense: cached on disk); a missing or empty one: InputError."""
+    """The search tool over --corpus-dir, its index built once (dense: cached on disk); a missing or empty one:
+    InputError."""
     try:
         index = SearchIndex(args.corpus_dir, args.retriever, cache_dir=CACHE_DIR / "search")
     except SearchError as e:
         raise InputError(f"--corpus-dir {args.corpus_dir}: {e}")
-    print(f"{args.retriever} index of {len(index.passages)} passages from {args.corpus_dir} ({index.build_seconds:.1f} s"
-          f"{', from cache' if index.loaded_from_cache else ''})")
+    print(f"{args.retriever} index of {len(index.passages)} passages from {args.corpus_dir} "
+          f"({index.build_seconds:.1f} s{', from cache' if index.loaded_from_cache else ''})")
     return make_search(index, args.top_k, args.passage_chars)
 
-def play_in_batches(model, tokenizer, encoded, group_size, max_length, temperature, top_p, generation_batch_size, search, max_turns):
+def play_in_batches(model, tokenizer, encoded, group_size, max_length, temperature, top_p, generation_batch_size,
+                    search, max_turns):
     """play_episodes() on slices of the prompts, group_size x the slice at most generation_batch_size rows (their KV
     cache is the largest part of the memory): the episodes (row i*G+j the j-th of prompt i), the seconds searching."""
     count = encoded.input_ids.shape[0]
     at_once = max(1, (generation_batch_size or count * group_size) // group_size)
-    pieces = [play_episodes(model, tokenizer, encoded.input_ids[i : i + at_once], encoded.attention_mask[i : i + at_once],
-                            group_size, max_length, temperature, top_p, search, max_turns) for i in range(0, count, at_once)]
+    pieces = [play_episodes(model, tokenizer, encoded.input_ids[i : i + at_once],
+                            encoded.attention_mask[i : i + at_once], group_size, max_length, temperature, top_p, search,
+                            max_turns) for i in range(0, count, at_once)]
     return [episode for played, _ in pieces for episode in played], sum(seconds for _, seconds in pieces)
 
 def pad_left(rows, value):
@@ -864,7 +905,7 @@ def episode_metrics(result):
     """What a step logs of its episodes beside the package's step_metrics: searches, turns, retrieval recall."""
     return {"rollout/searches_per_episode": result.searches.float().mean().item(),
             "rollout/turns_per_episode": result.turns.float().mean().item(),
-            "rollout/retrieval_recall": result.answer_retrieved.mean().item(),  # episodes shown a passage with the answer
+            "rollout/retrieval_recall": result.answer_retrieved.mean().item(),  # shown a passage with the answer
             "rollout/information_tokens": result.information_tokens.float().mean().item(),  # per episode
             "perf/search_seconds": result.search_seconds}  # the part of rollout_seconds spent searching
 

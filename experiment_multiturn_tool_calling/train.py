@@ -65,7 +65,7 @@ DEVICE_DEFAULTS = dict(  # the options whose default depends on the device: (on 
     model_name=(GPU_MODEL, CPU_MODEL), quantization=("4bit", "none"), group_size=(8, 4), rollouts_per_step=(16, 4),
     max_length=(512, 128), max_steps=(500, 50), lr=(2e-5, 1e-4), eval_prompts=(200, 20),
     generation_batch_size=(256, None))
-# CUDA: TRL's num_generations (8) and max_completion_length (512), 16 prompts (about 25 s a step on an H100, estimated).
+# CUDA: TRL's num_generations (8) and max_completion_length (512), 16 prompts.
 MAX_TURNS = 4  # calculator calls per episode, by default
 
 def parse_args(argv=None):
@@ -73,61 +73,35 @@ def parse_args(argv=None):
     real("(0, 1]") refuses a value outside its range, or inf, or nan; (TRL: name) is the same setting in TRL."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     g = p.add_argument_group("GRPO")
-    g.add_argument("--group-size", type=integer("[2, inf)"), **by_device("group_size", "G, completions sampled per prompt "
-                   "(TRL: num_generations); at least 2: GRPO compares the completions of a group"))
-    g.add_argument("--rollouts-per-step", type=integer("[1, inf)"), **by_device("rollouts_per_step", "prompts per step"))
+    g.add_argument("--group-size", type=integer("[2, inf)"), **by_device("group_size", "G, completions sampled per "
+                   "prompt (TRL: num_generations); at least 2: GRPO compares the completions of a group"))
+    g.add_argument("--rollouts-per-step", type=integer("[1, inf)"),
+                   **by_device("rollouts_per_step", "prompts per step"))
     g.add_argument("--max-length", type=integer("[1, inf)"), **by_device("max_length", "the model's own tokens per "
                    "episode, all turns together (tool results do not count)"))
-    g.add_argument("--max-turns", type=integer("[0, inf)"), default=MAX_TURNS, help="at most this many calculator calls "
-                   "per episode; the model answers in the turn after the last (0: no calculator)")
-    g.add_argument("--temperature", type=real("[0.001, 1000]"), default=1.0, help="sampling temperature T; pi_theta, pi_old and "
-                   "pi_ref are all taken at T, softmax(logits / T), the distribution the sampler drew from")
-    g.add_argument("--top-p", type=real("(0, 1]"), default=1.0, help="nucleus sampling; 1.0 samples the full distribution")
+    g.add_argument("--max-turns", type=integer("[0, inf)"), default=MAX_TURNS, help="at most this many calculator "
+                   "calls per episode; the model answers in the turn after the last (0: no calculator)")
+    g.add_argument("--temperature", type=real("[0.001, 1000]"), default=1.0, help="sampling temperature T; pi_theta, "
+                   "pi_old and pi_ref are all taken at T, softmax(logits / T), the distribution the sampler drew from")
+    g.add_argument("--top-p", type=real("(0, 1]"), default=1.0,
+                   help="nucleus sampling; 1.0 samples the full distribution")
     g.add_argument("--lr", type=real("(0, 1]"), **by_device("lr", "learning rate"))
     g.add_argument("--warmup-steps", type=integer("[0, inf)"), default=0, help="linear learning-rate warm-up over this "
                    "many optimizer updates (a step makes --epochs-per-step x --updates-per-step of them)")
-    g.add_argument("--clip-eps", type=real("(0, 1]"), default=0.2, help="PPO clip range: ratio kept within [1-eps, 1+eps] "
-                   "(TRL: epsilon)")
+    g.add_argument("--clip-eps", type=real("(0, 1]"), default=0.2, help="PPO clip range: ratio kept within "
+                   "[1-eps, 1+eps] (TRL: epsilon)")
     g.add_argument("--kl-weight", type=real("[0, inf)"), default=0.01, help="beta, weight of the k3 KL to pi_ref "
                    "(TRL: beta); 0: no reference pass")
     g.add_argument("--epochs-per-step", type=integer("[1, inf)"), default=1, help="passes over each rollout batch, "
                    "PPO epochs (TRL: num_iterations)")
     g.add_argument("--updates-per-step", type=integer("[1, inf)"), default=1, help="mini-batches each pass splits the "
-                   "rollout batch into, one optimizer update each; above 1, pi_theta moves away from pi_old within a step and the clip acts")
+                   "rollout batch into, one optimizer update each; above 1, pi_theta moves away from pi_old within a "
+                   "step and the clip acts")
     g.add_argument("--max-grad-norm", type=real("(0, inf)"), default=1.0, help="gradient clipping")
     g.add_argument("--max-steps", type=integer("[1, inf)"), **by_device("max_steps", "training steps"))
     add_setup_options(p, by_device, None, REWARD_TERMS, DEFAULT_REWARD_WEIGHTS, DATA)  # model, data, ...
     p.set_defaults(experiment=EXPERIMENT)  # the experiment's name, recorded in every checkpoint
     return complete_args(p.parse_args(argv), p)  # the device and what depends on it, and checks across options
-
-def by_device(name, help):
-    """An option whose default depends on the device (DEVICE_DEFAULTS): absent until complete_args sets it."""
-    gpu, cpu = DEVICE_DEFAULTS[name]
-    shown = lambda value: value if value != "" else "none"  # noqa: E731
-    return {"default": argparse.SUPPRESS, "help": f"{help} (default: {shown(gpu)} on CUDA, {shown(cpu)} on CPU)"}
-
-def complete_args(args, parser):
-    """The device, the defaults that depend on it, and the checks that involve two options."""
-    args.device = resolve_device(args.device, parser)
-    for name, (gpu, cpu) in DEVICE_DEFAULTS.items():
-        if not hasattr(args, name):
-            setattr(args, name, gpu if args.device.startswith("cuda") else cpu)
-    if args.generation_batch_size is None:  # the whole step at once
-        args.generation_batch_size = args.rollouts_per_step * args.group_size
-    if args.eval_data_path is None:  # a hub id or folder has its own held-out split; a file is evaluated on the task's
-        args.eval_data_path = args.data_path if has_splits(args.data_path) else located(DATA[1])
-    if args.updates_per_step > args.rollouts_per_step * args.group_size:
-        parser.error(f"--updates-per-step {args.updates_per_step}: a step has only {args.rollouts_per_step * args.group_size} "
-                     "sequences (rollouts-per-step x group-size) to split into mini-batches")
-    if not args.lora and args.quantization != "none":
-        parser.error("--no-lora trains every weight, which quantized weights cannot do: add --quantization none")
-    if args.sampling_weights != "auto" and args.quantization != "4bit":  # both name a way to sample from 4-bit weights
-        parser.error(f"--sampling-weights {args.sampling_weights} needs --quantization 4bit (it is {args.quantization})")
-    try:
-        parse_weights(args.reward_weights)
-    except ValueError as e:
-        parser.error(f"--reward-weights {args.reward_weights!r}: {e}")
-    return args
 
 # ---- Model: the policy pi_theta and the reference pi_ref ----
 
@@ -183,8 +157,8 @@ def system_prompt():  # how to call the calculator and how to answer (the README
 
 def format_prompt(tokenizer, question):
     """The chat template when the tokenizer has one, else a plain template with one worked exchange first: a base model
-    imitates more than it follows (Gemma-3-270M: 0.7 calls per episode with it, none without; an instruct model reads
-    the system prompt). The episode's later turns and tool results go inside the assistant's message (the rollout)."""
+    imitates more than it follows (an instruct model reads the system prompt). The episode's later turns and tool
+    results go inside the assistant's message (the rollout)."""
     instructions = system_prompt()
     if getattr(tokenizer, "chat_template", None):
         messages = [{"role": "system", "content": instructions}, {"role": "user", "content": question}]
@@ -199,7 +173,8 @@ def add_prompts(model, tokenizer, args, train_tasks, eval_tasks):
 
 def load_inputs(args):
     """(Scorer, training tasks, held-out tasks): a bad data file or reward option fails before the model loads."""
-    score = Scorer(args.reward_weights, args.reward_fn, args.reward_url, args.reward_timeout, custom_timeout=args.reward_fn_timeout)
+    score = Scorer(args.reward_weights, args.reward_fn, args.reward_url, args.reward_timeout,
+                   custom_timeout=args.reward_fn_timeout)
     train_tasks = load_tasks(args.data_path, args.prompt_key, args.answer_key, args.filter, args.max_prompts,
                              args.data_config, args.data_split)
     eval_tasks = []
@@ -289,7 +264,7 @@ class Scorer:
         terms.update(self.outside(completions, answers, metadata))  # custom and remote, where used
         terms = {name: torch.tensor(values, dtype=torch.float32) for name, values in terms.items()}
         rewards = total_reward(terms, self.weights)
-        check_finite(rewards, terms, completions, answers)  # a reward of inf or nan stops the run, naming the completion
+        check_finite(rewards, terms, completions, answers)  # an inf or nan reward stops the run, naming the completion
         return rewards, terms
 
 # ---- Rollout: G episodes per prompt, sampled from pi_old, the calculator run between turns ----
@@ -311,7 +286,7 @@ class Rollout:
     action_mask: torch.Tensor  # [B, T] 1 exactly on the tokens the policy chose; 0 on tool results and padding
     rewards: torch.Tensor  # [B]
     terms: dict  # {term: [B]} the reward terms that rewards sums
-    completions: list  # [B] the model's own words: its action tokens decoded, tool results left out (rewards read these)
+    completions: list  # [B] the model's own words: its action tokens decoded, tool results out (rewards read these)
     transcripts: list  # [B] the whole episode decoded, tool results included (the logs show these)
     tool_calls: torch.Tensor  # [B] calculator calls run
     tool_errors: torch.Tensor  # [B] of those, calls whose result was an error
@@ -348,7 +323,7 @@ def sample(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, te
     Why not model.generate: it repeats each prompt G times before the prefill; a generation_config may add a top-k,
     so that the tokens would not come from the distribution the loss takes log-probs of; and EOS is an action here.
     A run takes sample_fast (tiny_grpo/decode.py), the same loop's fast form: rows that ended leave the batch, the
-    cache gets its room once, on CUDA a step is one CUDA graph (test_sample_fast_draws_the_plain_loops_tokens)."""
+    cache gets its room once, on CUDA a step is one CUDA graph."""
     if not plain:
         return sample_fast(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, temperature, top_p,
                            sample_token, STOP_STRINGS)
@@ -367,7 +342,8 @@ def sample(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, te
         next_ids = next_ids.masked_fill(finished, tokenizer.pad_token_id)
         tokens.append(next_ids)
         actions.append(~finished)  # a token is an action if its sequence had not ended before it
-        finished = finished | torch.isin(next_ids, stop_ids) | ends_with_stop_string(tokenizer, tokens, finished, STOP_STRINGS)
+        finished = (finished | torch.isin(next_ids, stop_ids)
+                    | ends_with_stop_string(tokenizer, tokens, finished, STOP_STRINGS))
         if finished.all() or t == max_length - 1:
             break
         mask = torch.cat([mask, actions[-1].long()[:, None]], dim=1)  # s_t+1: one more position
@@ -414,7 +390,8 @@ def play_episodes(model, tokenizer, prompt_ids, prompt_mask, group_size, max_len
     while True:
         paused = {}  # row -> the expression its turn ended with
         for row, turn_ids, turn_actions in zip(running, ids, actions):
-            call = add_turn(episodes[row], turn_ids[turn_actions.bool()].tolist(), tokenizer, stop_ids, max_length, max_turns)
+            call = add_turn(episodes[row], turn_ids[turn_actions.bool()].tolist(), tokenizer, stop_ids, max_length,
+                            max_turns)
             if call is not None:
                 paused[row] = call
         running = list(paused)
@@ -442,13 +419,15 @@ def rollout(model, tokenizer, tasks, group_size, max_length, temperature=1.0, to
     episodes, episode_ids, episode_mask, action_mask = play_in_batches(  # play, at most this many rows at once
         model, tokenizer, encoded, group_size, max_length, temperature, top_p, generation_batch_size, max_turns)
 
-    completions = [tokenizer.decode(ids[mask.bool()], skip_special_tokens=True) for ids, mask in zip(episode_ids, action_mask)]
+    completions = [tokenizer.decode(ids[mask.bool()], skip_special_tokens=True)
+                   for ids, mask in zip(episode_ids, action_mask)]
     transcripts = [tokenizer.decode(e.ids, skip_special_tokens=True) for e in episodes]
     rows = [task for task in tasks for _ in range(group_size)]
     records = [{**t.get("metadata", {}), "tool_calls": e.tool_calls, "tool_errors": e.tool_errors, "turns": e.turns}
                for t, e in zip(rows, episodes)]
     rewards, terms = (score or Scorer())(completions, [t["answer"] for t in rows], records)
-    prompt_ids, prompt_mask = (x.repeat_interleave(group_size, dim=0) for x in (encoded.input_ids, encoded.attention_mask))
+    prompt_ids, prompt_mask = (x.repeat_interleave(group_size, dim=0)
+                               for x in (encoded.input_ids, encoded.attention_mask))
     return Rollout(sequence_ids=torch.cat([prompt_ids, episode_ids], dim=1),
                    attention_mask=torch.cat([prompt_mask, episode_mask], dim=1),
                    action_mask=action_mask, rewards=rewards, terms=terms, completions=completions,
@@ -473,14 +452,14 @@ def masked_mean(x, mask, dim=None):
     mask = mask.to(x.dtype)
     return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
 
-def sequence_log_probs(model, input_ids, attention_mask, num_actions=None, temperature=1.0, action_mask=None, plain=False):
+def sequence_log_probs(model, input_ids, attention_mask, num_actions=None, temperature=1.0, action_mask=None,
+                       plain=False):
     """Per-token log-probs [B, T] of the last T = num_actions tokens (the episode) under the policy at the sampling
     temperature T, pi = softmax(logits / T), and its entropy at each (logged, no gradient); 0 where masked:
         log pi(a_t | s_t) = log_softmax(logits_t / T)[a_t],   H_t = -sum_a pi(a | s_t) log pi(a | s_t)
     Below, as plain PyTorch (plain=True). It holds [B, T, V] logits (V = 262,144 for Gemma-3); the run takes
     fast_log_probs, the same numbers without that tensor (only the action rows reach the output layer, in chunks,
-    a group's prompt once, the gradient written out): test_fast_log_probs_equal_the_plain_form holds the two
-    equal, values and gradients.
+    a group's prompt once, the gradient written out).
     The actions are where action_mask [B, T] is 1 (default: the attention mask): the model's turns, not tool results."""
     num_actions = num_actions or input_ids.shape[1] - 1
     if not plain:
@@ -571,8 +550,8 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
                 new_log_probs, entropy = log_probs(model, idx)
                 old_log_probs = old(idx, epoch, new_log_probs)  # log pi_old of these rows
                 ref = None if ref_log_probs is None else ref_log_probs[idx]
-                loss, loss_stats = grpo_loss(new_log_probs, old_log_probs, advantages[idx], action_mask[idx], args.clip_eps,
-                                             ref, args.kl_weight)
+                loss, loss_stats = grpo_loss(new_log_probs, old_log_probs, advantages[idx], action_mask[idx],
+                                             args.clip_eps, ref, args.kl_weight)
                 with uncast_lora_inputs(model):  # the same gradients, fewer copies (checkpointing's recomputation)
                     (loss * len(idx) / len(rows)).backward()  # the mean over the mini-batch's sequences, accumulated
                 stats.add(loss, loss_stats, len(idx) / len(rows), entropy, action_mask[idx], idx)
@@ -614,29 +593,22 @@ def run(args):
     model, tokenizer = load_model(args)
     add_prompts(model, tokenizer, args, train_tasks, eval_tasks)  # each task's prompt: the worked example, then it
     optimizer = make_optimizer(model, args)
-    reference = None
-    if not args.lora and args.kl_weight > 0:  # full fine-tuning: a frozen copy is the only way to keep pi_ref
-        reference = copy.deepcopy(model).eval().requires_grad_(False)
-    # linear warm-up, then constant: lr_t = lr * min(1, (t + 1) / (warmup + 1)), t counting optimizer updates
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: min(1.0, (t + 1) / (args.warmup_steps + 1)))
+    reference = frozen_reference(model, args.lora, args.kl_weight > 0)  # pi_ref's copy for --no-lora, else None
+    scheduler = warmup_schedule(optimizer, args)  # lr_t = lr * min(1, (t + 1) / (warmup + 1)), t counting updates
     step, position = resume(checkpoint_dir, model, optimizer, scheduler)  # position: (data pass, index in it)
-
-    def save(step, position):  # the steps done so far, as run_dir/step_N
-        save_checkpoint(run_dir / f"step_{step:06d}", model, optimizer, scheduler, training_state(args, step, position),
-                        args.keep_checkpoints)
-
+    save = saver(args, run_dir, model, optimizer, scheduler)  # save(step, position): the steps done, run_dir/step_N
     # the loggers, Ctrl-C, memory peaks, the progress bar, a checkpoint every --checkpoint-interval steps and at the end
     with Bookkeeping(args, run_dir, step, position, save, eval_tasks, tokenizer, score.weights) as book:
-        if args.eval_interval and (book.step == 0 or book.evaluation_owed):  # the curve's start, or one a stop cut
+        if book.evaluation_due(start=True):  # the curve's start, or the one a stop cut short
             book.evaluated(*evaluate(model, tokenizer, eval_tasks, args, score))
         while book.step < args.max_steps:
-            tasks, next_position = next_prompts(train_tasks, args.rollouts_per_step, book.position, args.seed)  # shuffled
+            tasks, next_position = next_prompts(train_tasks, args.rollouts_per_step, book.position, args.seed)
 
             # Rollout: play a group of episodes per prompt, calculator calls included, and score them.
             model.eval()
             with sampling_weights(model, args), book.phase("sampling"):  # 4-bit weights dequantized once
-                result = rollout(model, tokenizer, tasks, args.group_size, args.max_length, args.temperature, args.top_p,
-                                 args.generation_batch_size, score, args.max_turns)
+                result = rollout(model, tokenizer, tasks, args.group_size, args.max_length, args.temperature,
+                                 args.top_p, args.generation_batch_size, score, args.max_turns)
             rewards = result.rewards.view(-1, args.group_size)
             advantages = group_advantages(rewards).flatten().to(args.device)
 
@@ -645,10 +617,59 @@ def run(args):
             batch = (result.sequence_ids, result.attention_mask, result.action_mask, advantages)
             with book.update(next_position):  # weights, optimizer and step change together; then book.step += 1
                 stats = train_step(model, batch, args, optimizer, scheduler, reference, book.step)
-            if args.eval_interval and (book.step % args.eval_interval == 0 or book.step == args.max_steps):
+            if book.evaluation_due():  # every --eval-interval steps, and after the last
                 book.evaluated(*evaluate(model, tokenizer, eval_tasks, args, score))
             book.report(result, rewards, stats, tasks, advantages, episode_metrics(result))  # logs; a checkpoint
 
+def frozen_reference(model, lora, kl):
+    """pi_ref where the loss takes a KL to it (kl) and there is no LoRA adapter to switch off (full fine-tuning):
+    a frozen copy of the model, the only way to keep it. Else None: reference_policy switches the adapter off."""
+    return copy.deepcopy(model).eval().requires_grad_(False) if kl and not lora else None
+
+def warmup_schedule(optimizer, args):
+    """Linear warm-up, then constant: lr_t = lr * min(1, (t + 1) / (warmup + 1)), t counting optimizer updates."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: min(1.0, (t + 1) / (args.warmup_steps + 1)))
+
+def saver(args, run_dir, *objects):
+    """save(step, position), as Bookkeeping calls it: the steps done so far as run_dir/step_N, written by the
+    experiment's save_checkpoint(folder, *objects, state, keep)."""
+    def save(step, position):
+        save_checkpoint(run_dir / f"step_{step:06d}", *objects, training_state(args, step, position),
+                        args.keep_checkpoints)
+    return save
+
+# ---- Option plumbing: the defaults that depend on the device ----
+
+def by_device(name, help):
+    """An option whose default depends on the device (DEVICE_DEFAULTS): absent until complete_args sets it."""
+    gpu, cpu = DEVICE_DEFAULTS[name]
+    shown = lambda value: value if value != "" else "none"  # noqa: E731
+    return {"default": argparse.SUPPRESS, "help": f"{help} (default: {shown(gpu)} on CUDA, {shown(cpu)} on CPU)"}
+
+def complete_args(args, parser):
+    """The device, the defaults that depend on it, and the checks that involve two options."""
+    args.device = resolve_device(args.device, parser)
+    for name, (gpu, cpu) in DEVICE_DEFAULTS.items():
+        if not hasattr(args, name):
+            setattr(args, name, gpu if args.device.startswith("cuda") else cpu)
+    if args.generation_batch_size is None:  # the whole step at once
+        args.generation_batch_size = args.rollouts_per_step * args.group_size
+    if args.eval_data_path is None:  # a hub id or folder has its own held-out split; a file is evaluated on the task's
+        args.eval_data_path = args.data_path if has_splits(args.data_path) else located(DATA[1])
+    if args.updates_per_step > args.rollouts_per_step * args.group_size:
+        parser.error(f"--updates-per-step {args.updates_per_step}: a step has only "
+                     f"{args.rollouts_per_step * args.group_size} sequences (rollouts-per-step x group-size) to split "
+                     "into mini-batches")
+    if not args.lora and args.quantization != "none":
+        parser.error("--no-lora trains every weight, which quantized weights cannot do: add --quantization none")
+    if args.sampling_weights != "auto" and args.quantization != "4bit":  # both name a way to sample from 4-bit weights
+        parser.error(f"--sampling-weights {args.sampling_weights} needs --quantization 4bit "
+                     f"(it is {args.quantization})")
+    try:
+        parse_weights(args.reward_weights)
+    except ValueError as e:
+        parser.error(f"--reward-weights {args.reward_weights!r}: {e}")
+    return args
 
 # ---- This experiment's own plumbing: what it changes of tiny_grpo/'s, what calls that, its own tools ----
 
@@ -673,7 +694,7 @@ def load_tasks(path, prompt_key="question", answer_key="answer", filters=(), max
             if not isinstance(row[key], (str, int, float)) or isinstance(row[key], bool):
                 raise InputError(f"{where}: field {key!r} must be a string, got {type(row[key]).__name__}")
             try:
-                str(row[key]).encode("utf-8")  # JSON's \ud800 escapes decode to lone surrogates, which no tokenizer takes
+                str(row[key]).encode("utf-8")  # JSON's \ud800 escapes decode to lone surrogates, no tokenizer's
             except UnicodeEncodeError:
                 raise InputError(f"{where}: field {key!r} holds a lone surrogate (an escape in \\ud800-\\udfff)")
             if not str(row[key]).strip():
@@ -681,8 +702,8 @@ def load_tasks(path, prompt_key="question", answer_key="answer", filters=(), max
             if isinstance(row[key], float) and not math.isfinite(row[key]):  # NaN, Infinity, 1e400: no answer matches
                 raise InputError(f"{where}: field {key!r} is {row[key]}, which no completion can match")
             if isinstance(row[key], float) and len(as_text(row[key])) > 100:  # parse_number reads 100 characters
-                raise InputError(f"{where}: field {key!r} is {row[key]}, {len(as_text(row[key]))} characters written out, "
-                                 "which no completion can match (numbers are compared up to 100 digits)")
+                raise InputError(f"{where}: field {key!r} is {row[key]}, {len(as_text(row[key]))} characters written "
+                                 "out, which no completion can match (numbers are compared up to 100 digits)")
         for field in wanted:
             if field not in row:
                 raise InputError(f"{where}: --filter {field}=...: the row has no field {field!r}")
@@ -693,7 +714,8 @@ def load_tasks(path, prompt_key="question", answer_key="answer", filters=(), max
             taken = [name for name in RECORD_FIELDS if name in metadata]  # the episode's record would replace them
             if taken:
                 raise InputError(f"{where}: field {taken[0]!r} is a name of the episode's record "
-                                 f"({', '.join(RECORD_FIELDS)}), which the reward receives in its place: rename the field")
+                                 f"({', '.join(RECORD_FIELDS)}), which the reward receives in its place: rename the "
+                                 "field")
             answer = as_text(row[answer_key])
             tasks.append({"question": as_text(row[prompt_key]), "answer": answer, "metadata": metadata})
         if max_rows is not None and len(tasks) >= max_rows:
@@ -716,8 +738,9 @@ def check_context(model, tokenizer, args, train_tasks, eval_tasks):
         for task in sorted(tasks, key=lambda t: len(t["prompt"]))[-8:] if context else []:
             tokens = len(tokenizer(task["prompt"]).input_ids)
             if tokens + args.max_length > context:
-                raise InputError(f"{path}: the question {task['question'][:80]!r}... makes a prompt of {tokens} tokens, "
-                                 f"which with --max-length {args.max_length} passes the model's context of {context}")
+                raise InputError(f"{path}: the question {task['question'][:80]!r}... makes a prompt of {tokens} "
+                                 f"tokens, which with --max-length {args.max_length} passes the model's context of "
+                                 f"{context}")
             longest = max(longest, tokens)
     if not context or args.max_turns == 0:
         return
@@ -858,18 +881,23 @@ def run_tool_call(expression):
         return "error: nested <calculator> tags", False
     return calculator(expression)
 
-def play_in_batches(model, tokenizer, encoded, group_size, max_length, temperature, top_p, generation_batch_size, max_turns):
+def play_in_batches(model, tokenizer, encoded, group_size, max_length, temperature, top_p, generation_batch_size,
+                    max_turns):
     """play_episodes() on slices of the prompts, group_size x the slice at most generation_batch_size rows (their KV
-    cache is the largest part of the memory): the episodes, and their ids, attention and action masks [B*G, T], padded."""
+    cache is the largest part of the memory): the episodes, and their ids, attention and action masks [B*G, T],
+    padded."""
     count = encoded.input_ids.shape[0]
     at_once = max(1, (generation_batch_size or count * group_size) // group_size)
-    pieces = [play_episodes(model, tokenizer, encoded.input_ids[i : i + at_once], encoded.attention_mask[i : i + at_once],
-                            group_size, max_length, temperature, top_p, max_turns) for i in range(0, count, at_once)]
+    pieces = [play_episodes(model, tokenizer, encoded.input_ids[i : i + at_once],
+                            encoded.attention_mask[i : i + at_once], group_size, max_length, temperature, top_p,
+                            max_turns) for i in range(0, count, at_once)]
     episodes = [episode for piece in pieces for episode in piece]
     width = max(len(e.ids) for e in episodes)  # episodes end at different lengths
-    padded = lambda values, fill: pad_right(torch.tensor([values], device=encoded.input_ids.device), width, fill)  # noqa: E731
+    device = encoded.input_ids.device
+    padded = lambda values, fill: pad_right(torch.tensor([values], device=device), width, fill)  # noqa: E731
     return (episodes, torch.cat([padded(e.ids, tokenizer.pad_token_id) for e in episodes]),
-            torch.cat([padded([1] * len(e.ids), 0) for e in episodes]), torch.cat([padded(e.actions, 0) for e in episodes]))
+            torch.cat([padded([1] * len(e.ids), 0) for e in episodes]),
+            torch.cat([padded(e.actions, 0) for e in episodes]))
 
 def pad_left(rows, value):
     """Token id lists of different lengths -> ids [N, L] left-padded with value, and the mask of real tokens."""
@@ -885,7 +913,8 @@ def episode_metrics(result):
             "rollout/tool_errors": result.tool_errors.float().mean().item(),  # per episode
             "rollout/tool_success_rate": (calls - result.tool_errors.sum().item()) / max(1, calls),  # 0 without calls
             "rollout/turns_per_episode": result.turns.float().mean().item(),
-            "rollout/result_tokens": result.result_tokens.float().mean().item()}  # per episode (completion_length: the model's own)
+            # per episode (completion_length: the model's own)
+            "rollout/result_tokens": result.result_tokens.float().mean().item()}
 
 if __name__ == "__main__":
     main()

@@ -37,18 +37,18 @@ TOPIC = {
 # a reason above covers those lines only, so a change anywhere else in the function (a fix made in experiment_base and
 # not carried over) fails here too, with the diff shown
 CHANGED_LINES = {
-    "experiment_accelerate": "complete_args 3/6 parse_args 4/8 run 7/23 train_step 21/30",
-    "experiment_accelerate_ddp": "complete_args 3/0 parse_args 6/16 run 14/32 train_step 28/37",
-    "experiment_drgrpo": "DEVICE_DEFAULTS 1/1 complete_args 0/8 group_advantages 1/9 grpo_loss 12/44 parse_args 7/44 run 7/22 "
-                         "train_step 10/40",
+    "experiment_accelerate": "complete_args 4/6 parse_args 4/9 run 7/24 train_step 21/30",
+    "experiment_accelerate_ddp": "complete_args 4/0 parse_args 6/15 run 13/34 train_step 27/37",
+    "experiment_drgrpo": "DEVICE_DEFAULTS 1/1 complete_args 0/9 group_advantages 1/9 grpo_loss 12/46 parse_args 7/44 run 7/25 "
+                         "train_step 9/39",
     "experiment_multiturn_qa": "DEFAULT_REWARD_WEIGHTS 1/1 DEVICE_DEFAULTS 4/3 REWARD_TERMS 1/1 Rollout 4/10 STOP_STRINGS 1/1 "
-                               "Scorer 4/3 add_prompts 3/3 complete_args 5/3 correctness 8/7 evaluate 5/10 format_prompt 10/8 "
-                               "format_score 6/9 load_inputs 4/4 parse_args 4/8 reward_terms 5/7 rollout 9/22 run 9/8 "
-                               "sequence_log_probs 5/5 system_prompt 3/4 train_step 1/2",
+                               "Scorer 5/4 add_prompts 3/3 complete_args 5/3 correctness 8/7 evaluate 5/12 format_prompt 11/8 "
+                               "format_score 6/9 load_inputs 4/4 parse_args 5/8 reward_terms 5/7 rollout 11/26 run 8/8 "
+                               "sequence_log_probs 5/7 system_prompt 3/4 train_step 1/2",
     "experiment_multiturn_tool_calling": "DEFAULT_REWARD_WEIGHTS 1/1 DEVICE_DEFAULTS 4/3 REWARD_TERMS 1/1 Rollout 4/9 "
-                                         "STOP_STRINGS 1/1 Scorer 4/2 add_prompts 1/1 complete_args 4/2 correctness 6/2 "
-                                         "evaluate 2/4 format_prompt 11/7 format_score 6/6 load_inputs 4/3 parse_args 6/9 "
-                                         "reward_terms 5/5 rollout 10/16 run 6/4 sequence_log_probs 5/6 system_prompt 3/5 "
+                                         "STOP_STRINGS 1/1 Scorer 5/2 add_prompts 1/1 complete_args 4/2 correctness 6/2 "
+                                         "evaluate 2/4 format_prompt 12/7 format_score 6/6 load_inputs 4/4 parse_args 8/9 "
+                                         "reward_terms 5/5 rollout 11/16 run 5/4 sequence_log_probs 5/7 system_prompt 3/5 "
                                          "train_step 1/2",
 }
 # The plumbing a copy keeps in its own file, where tiny_grpo/ has a version of the same name: what its experiment

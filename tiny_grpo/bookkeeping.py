@@ -24,13 +24,13 @@ class Silent:
 
 class Bookkeeping:
     """with Bookkeeping(args, run_dir, step, position, save, eval_tasks, tokenizer, weights, baselines=...) as book:
-    the loop, which reads book.step and book.position and calls book.phase, book.update, book.evaluated and
-    book.report. save(step, position) writes the checkpoint of the steps done (the train.py's: what a checkpoint holds
-    is the experiment's); eval_tasks: the held-out tasks an evaluation takes; tokenizer and weights ({term: w}): for
-    the rollout log; baselines: the guesses' scores on eval_tasks (tiny_grpo/skill.py's baseline_scores).
-    Several processes: main_process=False on all but one, which alone logs, draws the bar and tells (every process
-    still saves: the train.py's save may be collective); interrupts: an object that offers Interrupts' deferred()
-    and stopping (a run whose processes stop together brings its own)."""
+    the loop, which reads book.step and book.position and calls book.phase, book.update, book.evaluation_due,
+    book.evaluated and book.report. save(step, position) writes the checkpoint of the steps done (the train.py's:
+    what a checkpoint holds is the experiment's); eval_tasks: the held-out tasks an evaluation takes; tokenizer and
+    weights ({term: w}): for the rollout log; baselines: the guesses' scores on eval_tasks (tiny_grpo/skill.py's
+    baseline_scores). Several processes: main_process=False on all but one, which alone logs, draws the bar and tells
+    (every process still saves: the train.py's save may be collective); interrupts: an object that offers Interrupts'
+    deferred() and stopping (a run whose processes stop together brings its own)."""
 
     def __init__(self, args, run_dir, step, position, save, eval_tasks, tokenizer=None, weights=None,
                  main_process=True, interrupts=None, baselines=None):
@@ -67,6 +67,17 @@ class Bookkeeping:
         with self.interrupts.deferred(), self.phase("training"):
             yield
             self.step, self.position, self.reported = self.step + 1, next_position, False
+
+    def evaluation_due(self, start=False):
+        """Whether the loop evaluates on the held-out tasks now; never with --eval-interval 0. Before the loop
+        (start=True): at step 0, the curve's first point, or where a stop cut short the evaluation of the step resumed
+        from. After an update: every --eval-interval steps, and after the last step."""
+        args = self.args
+        if not args.eval_interval:
+            return False
+        if start:
+            return self.step == 0 or self.evaluation_owed
+        return self.step % args.eval_interval == 0 or self.step == args.max_steps
 
     def evaluated(self, metrics, result=None):
         """A held-out evaluation after book.step steps, and its rollout (for the rollout log); the one before any
@@ -124,9 +135,8 @@ class Bookkeeping:
             except STOPS as e:  # Ctrl-C during the last save
                 stop = e
         self.rollouts.close()
-        args = self.args  # a stop between the update and its report may have cut the step's evaluation short
-        due = args.eval_interval and (self.step % args.eval_interval == 0 or self.step == args.max_steps)
-        args.evaluation_owed = bool(not self.reported and due and self.step not in self.evals)
+        # a stop between the update and its report may have cut the step's evaluation short
+        self.args.evaluation_owed = not self.reported and self.evaluation_due() and self.step not in self.evals
         if isinstance(stop, STOPS):  # every process saves; the main one tells
             stopped(stop, self.step, self.run_dir, lambda: self.save(self.step, self.position), self.logger,
                     self.progress, self.interrupts, say if self.main else lambda text: None)  # exits 130, or raises
