@@ -56,9 +56,9 @@ def build_tiny(folder):
     return build_tiny_model(folder)
 
 
-def fingerprint(folder, model_dir, work):
-    """(completions' hash, weights' hash) of two steps of the train.py in folder."""
-    import torch
+def two_steps(folder, model_dir, work, *extra):
+    """(hash of every rollout's completions and sequence ids, the final checkpoint's tensors as (key, tensor) pairs,
+    its files in order, each file's keys sorted) of two steps of the train.py in folder, with the options extra too."""
     from safetensors.torch import load_file
 
     module = load_module(Path(folder) / "train.py", f"{Path(folder).name}_{abs(hash(str(folder)))}")
@@ -75,18 +75,25 @@ def fingerprint(folder, model_dir, work):
     name = Path(folder).name
     options = options_for(name)
     run = f"same-{abs(hash(str(folder)))}"
-    module.main(["--model-name", str(model_dir), *options, "--checkpoint-path", str(work / "out"), "--log-dir",
-                 str(work / "runs"), "--run-name", run])
-    weights = hashlib.sha256()
+    module.main(["--model-name", str(model_dir), *options, *extra, "--checkpoint-path", str(work / "out"),
+                 "--log-dir", str(work / "runs"), "--run-name", run])
     files = sorted((work / "out" / run).glob("step_000002/**/*.safetensors"))
     if not files:
         raise SystemExit(f"{folder}: no safetensors in the final checkpoint")
-    for file in files:
-        tensors = load_file(file)
-        for key in sorted(tensors):
-            weights.update(key.encode())
-            weights.update(tensors[key].to(torch.float32).numpy().tobytes())
-    return seen.hexdigest()[:16], weights.hexdigest()[:16]
+    tensors = [(key, tensors[key]) for tensors in map(load_file, files) for key in sorted(tensors)]
+    return seen.hexdigest()[:16], tensors
+
+
+def fingerprint(folder, model_dir, work):
+    """(completions' hash, weights' hash) of two steps of the train.py in folder."""
+    import torch
+
+    completions, tensors = two_steps(folder, model_dir, work)
+    weights = hashlib.sha256()
+    for key, tensor in tensors:
+        weights.update(key.encode())
+        weights.update(tensor.to(torch.float32).numpy().tobytes())
+    return completions, weights.hexdigest()[:16]
 
 
 def main():

@@ -102,6 +102,9 @@ def parse_args(argv=None):
                    "PPO epochs (TRL: num_iterations), one optimizer update each")
     g.add_argument("--max-grad-norm", type=real("(0, inf)"), default=1.0, help="gradient clipping")
     g.add_argument("--max-steps", type=integer("[1, inf)"), **by_device("max_steps", "training steps"))
+    g.add_argument("--plain", action="store_true", help="take the plain forms this file shows, not tiny_grpo's "
+                   "fast ones: sample's decode loop, sequence_log_probs' plain pass, pi_old_pass, every row in the "
+                   "update; slower, the same numbers (to float32 rounding)")
     # model, task and reward, evaluation, checkpoints, logging
     add_setup_options(p, by_device, TASKS, REWARD_TERMS, DEFAULT_REWARD_WEIGHTS)
     g = p.add_argument_group("data parallel", "the batch sizes (--train-batch-size, --generation-batch-size) are each "
@@ -358,20 +361,21 @@ def sample(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, te
         logits = out.logits[:, -1]
     return torch.stack(tokens, dim=1), torch.stack(actions, dim=1).long()
 
-def sample_in_batches(model, tokenizer, encoded, group_size, max_length, temperature, top_p, generation_batch_size):
+def sample_in_batches(model, tokenizer, encoded, group_size, max_length, temperature, top_p, generation_batch_size,
+                      plain=False):
     """sample() on slices of the prompts, group_size x the slice at most generation_batch_size rows (their KV cache is
     the largest part of the memory), the pieces padded to one width: completion ids [B*G, T], action mask [B*G, T]."""
     count = encoded.input_ids.shape[0]
     at_once = max(1, (generation_batch_size or count * group_size) // group_size)
     pieces = [sample(model, tokenizer, encoded.input_ids[i : i + at_once], encoded.attention_mask[i : i + at_once],
-                     group_size, max_length, temperature, top_p) for i in range(0, count, at_once)]
+                     group_size, max_length, temperature, top_p, plain) for i in range(0, count, at_once)]
     width = max(ids.shape[1] for ids, _ in pieces)  # batches may end at different lengths
     return (torch.cat([pad_right(ids, width, tokenizer.pad_token_id) for ids, _ in pieces]),
             torch.cat([pad_right(actions, width, 0) for _, actions in pieces]))
 
 @torch.no_grad()
 def rollout(model, tokenizer, tasks, group_size, max_length, temperature=1.0, top_p=1.0, generation_batch_size=None,
-            score=None):
+            score=None, plain=False):
     """Sample group_size completions for each task {"prompt", "answer", "metadata"} and score them with
     score(completions, answers, metadata), by default Scorer(). Row i*G+j is the j-th completion of tasks[i]."""
     device = next(model.parameters()).device
@@ -379,7 +383,7 @@ def rollout(model, tokenizer, tasks, group_size, max_length, temperature=1.0, to
     has_bos = bool(tokenizer.bos_token) and prompts[0].startswith(tokenizer.bos_token)  # chat templates add it
     encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=not has_bos).to(device)
     completion_ids, action_mask = sample_in_batches(model, tokenizer, encoded, group_size, max_length, temperature,
-                                                    top_p, generation_batch_size)  # at most this many rows at once
+                                                    top_p, generation_batch_size, plain)  # at most so many rows at once
 
     completions = [tokenizer.decode(ids[mask.bool()], skip_special_tokens=True)
                    for ids, mask in zip(completion_ids, action_mask)]
@@ -483,7 +487,7 @@ def train_step(policy, batch, args, optimizer, scheduler, accelerator, total, re
 
     def log_probs(policy, idx):  # log pi(a_t | s_t) and the entropy at each action token, of the sequences idx
         with accelerator.autocast():
-            return sequence_log_probs(policy, ids[idx], attention[idx], num_actions, args.temperature)
+            return sequence_log_probs(policy, ids[idx], attention[idx], num_actions, args.temperature, args.plain)
 
     ref_log_probs = None
     if args.kl_weight > 0:  # pi_ref, once per rollout; skipped entirely when beta = 0
@@ -492,11 +496,11 @@ def train_step(policy, batch, args, optimizer, scheduler, accelerator, total, re
             for idx in torch.arange(n).split(args.train_batch_size):
                 ref_log_probs[idx] = log_probs(ref_model, idx)[0]
 
-    # pi_old, the policy that sampled: log pi_old(a_t | s_t), one no-grad pass in eval mode (no LoRA dropout) before any
-    # update; with one update per pass it is read off the first pass's own forward (tiny_grpo/update.py). Every row
-    # runs: a process whose rows all add nothing still takes part in DDP's all-reduce.
-    old = OldLogProbs(model, log_probs, torch.ones(n, dtype=torch.bool), args.train_batch_size, num_actions, 1,
-                      args.lora_dropout)
+    # pi_old, the policy that sampled: log pi_old(a_t | s_t), from pi_old_pass (below) before any update; with one
+    # update per pass it is read off the first pass's own forward (tiny_grpo/update.py), but with --plain. Every
+    # row runs: a process whose rows all add nothing still takes part in DDP's all-reduce.
+    old = OldLogProbs(lambda rows: pi_old_pass(model, log_probs, rows, args.train_batch_size),
+                      torch.ones(n, dtype=torch.bool), num_actions, 1, args.lora_dropout, first_pass=not args.plain)
 
     stats = StepStatistics(kl=ref_log_probs is not None, updates=args.epochs_per_step)  # one update per pass
     params = [p for p in policy.parameters() if p.requires_grad]
@@ -507,7 +511,7 @@ def train_step(policy, batch, args, optimizer, scheduler, accelerator, total, re
         for i, idx in enumerate(mini_batch):
             # gradients add up locally; DDP all-reduces them in the last micro-batch's backward: once per update
             with contextlib.nullcontext() if i == len(mini_batch) - 1 else accelerator.no_sync(policy):
-                new_log_probs, entropy = policy(ids[idx], attention[idx], num_actions, args.temperature)
+                new_log_probs, entropy = policy(ids[idx], attention[idx], num_actions, args.temperature, args.plain)
                 old_log_probs = old(idx, epoch, new_log_probs)  # log pi_old of these rows
                 loss, loss_stats = grpo_loss(new_log_probs, old_log_probs, advantages[idx], action_mask[idx],
                                              args.clip_eps, None if ref_log_probs is None else ref_log_probs[idx],
@@ -526,13 +530,23 @@ def train_step(policy, batch, args, optimizer, scheduler, accelerator, total, re
         scheduler.step()  # the schedule counts optimizer updates
     return stats.means(accelerator)  # each process's part, summed over the processes
 
+def pi_old_pass(model, log_probs, rows, size):
+    """pi_old's own pass: log pi_old(a_t | s_t) [len(rows), T] of the sequences rows, log_probs(model, idx) taken in
+    parts of size rows before any update, while the weights are still those that sampled; no gradient, and eval mode
+    (no LoRA dropout: the sampler drew with none)."""
+    model.eval()
+    with torch.no_grad():
+        old = torch.cat([log_probs(model, idx)[0] for idx in rows.split(size)])
+    model.train()
+    return old
+
 @torch.no_grad()
 def evaluate(model, tokenizer, tasks, args, score):
     """Greedy accuracy (the share of exactly right answers) and format rate on held-out tasks; and the rollout."""
     model.eval()
     with sampling_weights(model, args):  # 4-bit weights dequantized once, not at every token
         result = rollout(model, tokenizer, tasks, group_size=1, max_length=args.max_length, temperature=0,
-                         generation_batch_size=args.generation_batch_size, score=score)
+                         generation_batch_size=args.generation_batch_size, score=score, plain=args.plain)
     return {"eval/accuracy": (result.terms["correctness"] == 1).float().mean().item(),
             "eval/format_rate": result.terms["format"].mean().item()}, result
 
@@ -586,7 +600,7 @@ def run(args):
             # 4-bit weights dequantized once
             with accelerator.autocast(), sampling_weights(model, args), book.phase("sampling"):
                 result = rollout(model, tokenizer, tasks, args.group_size, args.max_length, args.temperature,
-                                 args.top_p, args.generation_batch_size, score)
+                                 args.top_p, args.generation_batch_size, score, args.plain)
             rewards = result.rewards.view(-1, args.group_size)
             advantages = group_advantages(rewards).flatten().to(args.device)
             interrupts.check(accelerator)  # Ctrl-C or SIGTERM on any process: all stop here, before the update
@@ -816,8 +830,8 @@ class PolicyLogProbs(torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids, attention_mask, num_actions, temperature=1.0):
-        return sequence_log_probs(self.model, input_ids, attention_mask, num_actions, temperature)
+    def forward(self, input_ids, attention_mask, num_actions, temperature=1.0, plain=False):
+        return sequence_log_probs(self.model, input_ids, attention_mask, num_actions, temperature, plain)
 
 def gather_rollouts(result):
     """The step's rollout over every process, in prompt order, for the statistics: rewards [B], reward terms

@@ -195,6 +195,9 @@ def parse_args(argv=None):
                    "step and the clip acts (default: %(default)s; 4 with the dapo, gspo and cispo presets)")
     g.add_argument("--max-grad-norm", type=real("(0, inf)"), default=1.0, help="gradient clipping")
     g.add_argument("--max-steps", type=integer("[1, inf)"), **by_device("max_steps", "training steps"))
+    g.add_argument("--plain", action="store_true", help="take the plain forms this file shows, not tiny_grpo's "
+                   "fast ones: sample's decode loop, sequence_log_probs' plain pass, pi_old_pass, every row in the "
+                   "update; slower, the same numbers (to float32 rounding)")
     g = p.add_argument_group("algorithm: GRPO, Dr.GRPO, DAPO, GSPO, CISPO, REINFORCE++")
     g.add_argument("--algorithm", choices=ALGORITHMS, help="advantages and loss: " + ", ".join(ALGORITHMS) + "; "
                    "applies the preset of the same name beneath --preset; None: drgrpo, or the --preset's")
@@ -483,20 +486,21 @@ def sample(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, te
         logits = out.logits[:, -1]
     return torch.stack(tokens, dim=1), torch.stack(actions, dim=1).long()
 
-def sample_in_batches(model, tokenizer, encoded, group_size, max_length, temperature, top_p, generation_batch_size):
+def sample_in_batches(model, tokenizer, encoded, group_size, max_length, temperature, top_p, generation_batch_size,
+                      plain=False):
     """sample() on slices of the prompts, group_size x the slice at most generation_batch_size rows (their KV cache is
     the largest part of the memory), the pieces padded to one width: completion ids [B*G, T], action mask [B*G, T]."""
     count = encoded.input_ids.shape[0]
     at_once = max(1, (generation_batch_size or count * group_size) // group_size)
     pieces = [sample(model, tokenizer, encoded.input_ids[i : i + at_once], encoded.attention_mask[i : i + at_once],
-                     group_size, max_length, temperature, top_p) for i in range(0, count, at_once)]
+                     group_size, max_length, temperature, top_p, plain) for i in range(0, count, at_once)]
     width = max(ids.shape[1] for ids, _ in pieces)  # batches may end at different lengths
     return (torch.cat([pad_right(ids, width, tokenizer.pad_token_id) for ids, _ in pieces]),
             torch.cat([pad_right(actions, width, 0) for _, actions in pieces]))
 
 @torch.no_grad()
 def rollout(model, tokenizer, tasks, group_size, max_length, temperature=1.0, top_p=1.0, generation_batch_size=None,
-            score=None):
+            score=None, plain=False):
     """Sample group_size completions for each task {"prompt", "answer", "metadata"} and score them with
     score(completions, answers, metadata), by default Scorer(). Row i*G+j is the j-th completion of tasks[i]."""
     device = next(model.parameters()).device
@@ -504,7 +508,7 @@ def rollout(model, tokenizer, tasks, group_size, max_length, temperature=1.0, to
     has_bos = bool(tokenizer.bos_token) and prompts[0].startswith(tokenizer.bos_token)  # chat templates add it
     encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=not has_bos).to(device)
     completion_ids, action_mask = sample_in_batches(model, tokenizer, encoded, group_size, max_length, temperature,
-                                                    top_p, generation_batch_size)  # at most this many rows at once
+                                                    top_p, generation_batch_size, plain)  # at most so many rows at once
 
     completions = [tokenizer.decode(ids[mask.bool()], skip_special_tokens=True)
                    for ids, mask in zip(completion_ids, action_mask)]
@@ -538,7 +542,7 @@ def dynamic_sampling(model, tokenizer, train_tasks, result, position, args, scor
         tasks, position = next_prompts(train_tasks, missing, position, args.seed)
         with sampling_weights(model, args):  # 4-bit weights dequantized once, not at every token
             result = rollout(model, tokenizer, tasks, args.group_size, args.max_length, args.temperature, args.top_p,
-                             args.generation_batch_size, score)
+                             args.generation_batch_size, score, args.plain)
         result = with_overlong_penalty(result, args)
     return (concat_rollouts(kept, tokenizer.pad_token_id) if kept else None), position, dropped, extra_rounds, missing
 
@@ -699,7 +703,7 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
     reinforce = args.algorithm in ("reinforce_pp", "reinforce_pp_baseline")
 
     def log_probs(policy, idx):  # log pi(a_t | s_t) and the entropy at each action token, of the sequences idx
-        return sequence_log_probs(policy, ids[idx], attention[idx], num_actions, args.temperature)
+        return sequence_log_probs(policy, ids[idx], attention[idx], num_actions, args.temperature, args.plain)
 
     ref_log_probs = None
     if args.kl_weight > 0 or args.log_kl:  # pi_ref, once per rollout; skipped entirely when beta = 0 (unless --log-kl)
@@ -710,8 +714,9 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
 
     # The rows a pass must run (tiny_grpo/update.py): with beta = 0 not those whose advantage is 0, which add exactly 0
     # to the loss and its gradient (a mean over tokens still divides by all their tokens); REINFORCE++'s advantages are
-    # whitened over the batch: none is 0.
-    counted = torch.ones(n, dtype=torch.bool) if reinforce else rows_that_count(advantages, args.kl_weight)
+    # whitened over the batch: none is 0. --plain runs every row.
+    counted = (torch.ones(n, dtype=torch.bool) if reinforce or args.plain
+               else rows_that_count(advantages, args.kl_weight))
     # --log-kl with beta 0 measures the KL without training those rows: each is measured once here, at pi_old, and
     # enters the logged mean below as if it had run (with one update a step, where its pass would measure it)
     skipped_kl = torch.zeros(n)
@@ -724,11 +729,11 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
                 skipped_kl[idx] = masked_mean(kl, mask, dim=1).float().cpu()
         model.train()
 
-    # pi_old, the policy that sampled: log pi_old(a_t | s_t), one no-grad pass in eval mode (no LoRA dropout) before any
-    # update; with one update per pass it is read off the first pass's own forward (tiny_grpo/update.py), but for
+    # pi_old, the policy that sampled: log pi_old(a_t | s_t), from pi_old_pass (below) before any update; with one
+    # update per pass it is read off the first pass's own forward (tiny_grpo/update.py), but with --plain and for
     # REINFORCE++, whose per-token rewards need pi_old at every token before the first update.
-    old = OldLogProbs(model, log_probs, counted, args.train_batch_size, num_actions, args.updates_per_step,
-                      args.lora_dropout, first_pass=not reinforce)
+    old = OldLogProbs(lambda rows: pi_old_pass(model, log_probs, rows, args.train_batch_size), counted, num_actions,
+                      args.updates_per_step, args.lora_dropout, first_pass=not (reinforce or args.plain))
     if reinforce:  # the batch's advantages [B], the outcome rewards (minus the group mean), made per-token advantages
         advantages = reinforce_pp_advantages(advantages, old.values, ref_log_probs, action_mask, args.kl_weight,
                                              args.reward_clip)
@@ -764,13 +769,23 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
             scheduler.step()  # the schedule counts optimizer updates
     return stats.means()
 
+def pi_old_pass(model, log_probs, rows, size):
+    """pi_old's own pass: log pi_old(a_t | s_t) [len(rows), T] of the sequences rows, log_probs(model, idx) taken in
+    parts of size rows before any update, while the weights are still those that sampled; no gradient, and eval mode
+    (no LoRA dropout: the sampler drew with none)."""
+    model.eval()
+    with torch.no_grad():
+        old = torch.cat([log_probs(model, idx)[0] for idx in rows.split(size)])
+    model.train()
+    return old
+
 @torch.no_grad()
 def evaluate(model, tokenizer, tasks, args, score):
     """Greedy accuracy (the share of exactly right answers) and format rate on held-out tasks; and the rollout."""
     model.eval()
     with sampling_weights(model, args):  # 4-bit weights dequantized once, not at every token
         result = rollout(model, tokenizer, tasks, group_size=1, max_length=args.max_length, temperature=0,
-                         generation_batch_size=args.generation_batch_size, score=score)
+                         generation_batch_size=args.generation_batch_size, score=score, plain=args.plain)
     return {"eval/accuracy": (result.terms["correctness"] == 1).float().mean().item(),
             "eval/format_rate": result.terms["format"].mean().item()}, result
 
@@ -811,7 +826,7 @@ def run(args):
             model.eval()
             with sampling_weights(model, args), book.phase("sampling"):  # 4-bit weights dequantized once
                 result = rollout(model, tokenizer, tasks, args.group_size, args.max_length, args.temperature,
-                                 args.top_p, args.generation_batch_size, score)
+                                 args.top_p, args.generation_batch_size, score, args.plain)
             result = with_overlong_penalty(result, args)  # DAPO: completions near or at the budget lose reward
             rewards = result.rewards.view(-1, args.group_size)
             trained, dropped, extra_rounds, missing = result, 0, 0, 0

@@ -107,6 +107,9 @@ def parse_args(argv=None):
                    "step and the clip acts")
     g.add_argument("--max-grad-norm", type=real("(0, inf)"), default=1.0, help="gradient clipping")
     g.add_argument("--max-steps", type=integer("[1, inf)"), **by_device("max_steps", "training steps"))
+    g.add_argument("--plain", action="store_true", help="take the plain forms this file shows, not tiny_grpo's "
+                   "fast ones: sample's decode loop, sequence_log_probs' plain pass, pi_old_pass, every row in the "
+                   "update; slower, the same numbers (to float32 rounding)")
     add_setup_options(p, by_device, None, REWARD_TERMS, DEFAULT_REWARD_WEIGHTS, DATA)  # model, data, ...
     add_search_options(p)  # the search tool
     p.set_defaults(experiment=EXPERIMENT)  # the experiment's name, recorded in every checkpoint
@@ -385,16 +388,16 @@ def add_information(episodes, queries, search, tokenizer):
         episode.information_tokens += len(ids)
 
 def play_episodes(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, temperature, top_p, search,
-                  max_turns):
+                  max_turns, plain=False):
     """Play group_size episodes for each prompt of one generation batch (row i*G+j the j-th of prompt i): the episodes
     and the seconds spent searching. Turn 1 is sample() of the prompts; then, after one batched search for the paused
     episodes, the whole context so far of each (prompt, turns, passages) is prefilled, left-padded, and sampled
-    again."""
+    again. plain: sample's plain loop (--plain), not sample_fast."""
     stop_ids = stop_token_ids(model, tokenizer)
     prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
     episodes = [Episode() for _ in range(len(prompts) * group_size)]
     running, search_seconds = list(range(len(episodes))), 0.0
-    ids, actions = sample(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, temperature, top_p)
+    ids, actions = sample(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, temperature, top_p, plain)
     while True:
         queries = [add_turn(episodes[row], turn_ids[turn_actions.bool()].tolist(), tokenizer, stop_ids, max_length,
                             max_turns) for row, turn_ids, turn_actions in zip(running, ids, actions)]
@@ -409,13 +412,13 @@ def play_episodes(model, tokenizer, prompt_ids, prompt_mask, group_size, max_len
                                              tokenizer.pad_token_id)
         budget = max(max_length - sum(episodes[row].actions) for row in running)
         ids, actions = sample(model, tokenizer, context_ids.to(prompt_ids.device), context_mask.to(prompt_ids.device),
-                              1, budget, temperature, top_p)
+                              1, budget, temperature, top_p, plain)
 
 RECORD_FIELDS = ("answer_retrieved", "queries", "searches", "turns")  # the episode's record, joined to its metadata
 
 @torch.no_grad()
 def rollout(model, tokenizer, tasks, group_size, max_length, temperature=1.0, top_p=1.0, generation_batch_size=None,
-            score=None, search=None, max_turns=MAX_TURNS):
+            score=None, search=None, max_turns=MAX_TURNS, plain=False):
     """Play group_size episodes for each task {"prompt", "answer", "metadata"}, searching with search(queries) ->
     passages per query (None: every search finds nothing), each row's metadata gaining its search record, and score
     them with score(completions, answers, metadata), by default Scorer(). Row i*G+j is the j-th completion of
@@ -425,7 +428,7 @@ def rollout(model, tokenizer, tasks, group_size, max_length, temperature=1.0, to
     has_bos = bool(tokenizer.bos_token) and prompts[0].startswith(tokenizer.bos_token)  # chat templates add it
     encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=not has_bos).to(device)
     episodes, search_seconds = play_in_batches(model, tokenizer, encoded, group_size, max_length, temperature, top_p,
-                                               generation_batch_size, search, max_turns)  # at most so many rows at once
+                                               generation_batch_size, search, max_turns, plain)  # so many rows at once
     width = max(len(e.ids) for e in episodes)  # episodes end at different lengths
     padded = lambda values, fill: pad_right(torch.tensor([values], device=device), width, fill)  # noqa: E731
     episode_ids = torch.cat([padded(e.ids, tokenizer.pad_token_id) for e in episodes])
@@ -541,7 +544,8 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
     n, num_actions = ids.shape[0], action_mask.shape[1]
 
     def log_probs(policy, idx):  # log pi(a_t | s_t) and the entropy at each action token, of the sequences idx
-        return sequence_log_probs(policy, ids[idx], attention[idx], num_actions, args.temperature, action_mask[idx])
+        return sequence_log_probs(policy, ids[idx], attention[idx], num_actions, args.temperature, action_mask[idx],
+                                  args.plain)
 
     ref_log_probs = None
     if args.kl_weight > 0:  # pi_ref, once per rollout; skipped entirely when beta = 0
@@ -550,13 +554,12 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
             for idx in torch.arange(n).split(args.train_batch_size):
                 ref_log_probs[idx] = log_probs(ref_model, idx)[0]
 
-    # pi_old, the policy that sampled: log pi_old(a_t | s_t), one no-grad pass in eval mode (no LoRA dropout) before any
-    # update. Fast forms (tiny_grpo/update.py): the rows that add nothing are left out (beta = 0 and A = 0), and with
-    # one update per pass pi_old is read off the first pass's own forward.
-    counted = rows_that_count(advantages, args.kl_weight)
-    old = OldLogProbs(model, log_probs, counted, args.train_batch_size, num_actions, args.updates_per_step,
-                      args.lora_dropout)
-
+    # pi_old, the policy that sampled: log pi_old(a_t | s_t), from pi_old_pass (below) before any update. Fast forms
+    # (tiny_grpo/update.py): the rows that add nothing are left out (beta = 0 and A = 0), and with one update per pass
+    # pi_old is read off the first pass's own forward; --plain takes neither.
+    counted = torch.ones(n, dtype=torch.bool) if args.plain else rows_that_count(advantages, args.kl_weight)
+    old = OldLogProbs(lambda rows: pi_old_pass(model, log_probs, rows, args.train_batch_size), counted, num_actions,
+                      args.updates_per_step, args.lora_dropout, first_pass=not args.plain)
 
     stats = StepStatistics(kl=ref_log_probs is not None, updates=args.epochs_per_step * args.updates_per_step)
     for epoch in range(args.epochs_per_step):
@@ -578,6 +581,16 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
             scheduler.step()  # the schedule counts optimizer updates
     return stats.means()
 
+def pi_old_pass(model, log_probs, rows, size):
+    """pi_old's own pass: log pi_old(a_t | s_t) [len(rows), T] of the sequences rows, log_probs(model, idx) taken in
+    parts of size rows before any update, while the weights are still those that sampled; no gradient, and eval mode
+    (no LoRA dropout: the sampler drew with none)."""
+    model.eval()
+    with torch.no_grad():
+        old = torch.cat([log_probs(model, idx)[0] for idx in rows.split(size)])
+    model.train()
+    return old
+
 @torch.no_grad()
 def evaluate(model, tokenizer, tasks, args, score, search):
     """Greedy accuracy (the share of exactly right answers), format rate, searches per episode and retrieval recall
@@ -586,7 +599,7 @@ def evaluate(model, tokenizer, tasks, args, score, search):
     with sampling_weights(model, args):  # 4-bit weights dequantized once, not at every token
         result = rollout(model, tokenizer, tasks, group_size=1, max_length=args.max_length, temperature=0,
                          generation_batch_size=args.generation_batch_size, score=score, search=search,
-                         max_turns=args.max_turns)
+                         max_turns=args.max_turns, plain=args.plain)
     right = (result.terms["correctness"] == 1).float()
     hops = [str(task.get("metadata", {}).get("hops")) for task in tasks]  # data/qa: eval/accuracy_hops_1, _2
     return {"eval/accuracy": right.mean().item(), "eval/format_rate": result.terms["format"].mean().item(),
@@ -631,7 +644,7 @@ def run(args):
             model.eval()
             with sampling_weights(model, args), book.phase("sampling"):  # 4-bit weights dequantized once
                 result = rollout(model, tokenizer, tasks, args.group_size, args.max_length, args.temperature,
-                                 args.top_p, args.generation_batch_size, score, search, args.max_turns)
+                                 args.top_p, args.generation_batch_size, score, search, args.max_turns, args.plain)
             rewards = result.rewards.view(-1, args.group_size)
             advantages = group_advantages(rewards).flatten().to(args.device)
 
@@ -885,14 +898,14 @@ def load_search(args):
     return make_search(index, args.top_k, args.passage_chars)
 
 def play_in_batches(model, tokenizer, encoded, group_size, max_length, temperature, top_p, generation_batch_size,
-                    search, max_turns):
+                    search, max_turns, plain=False):
     """play_episodes() on slices of the prompts, group_size x the slice at most generation_batch_size rows (their KV
     cache is the largest part of the memory): the episodes (row i*G+j the j-th of prompt i), the seconds searching."""
     count = encoded.input_ids.shape[0]
     at_once = max(1, (generation_batch_size or count * group_size) // group_size)
     pieces = [play_episodes(model, tokenizer, encoded.input_ids[i : i + at_once],
                             encoded.attention_mask[i : i + at_once], group_size, max_length, temperature, top_p, search,
-                            max_turns) for i in range(0, count, at_once)]
+                            max_turns, plain) for i in range(0, count, at_once)]
     return [episode for played, _ in pieces for episode in played], sum(seconds for _, seconds in pieces)
 
 def pad_left(rows, value):

@@ -99,6 +99,9 @@ def parse_args(argv=None):
                    "step and the clip acts")
     g.add_argument("--max-grad-norm", type=real("(0, inf)"), default=1.0, help="gradient clipping")
     g.add_argument("--max-steps", type=integer("[1, inf)"), **by_device("max_steps", "training steps"))
+    g.add_argument("--plain", action="store_true", help="take the plain forms this file shows, not tiny_grpo's "
+                   "fast ones: sample's decode loop, sequence_log_probs' plain pass, pi_old_pass, every row in the "
+                   "update; slower, the same numbers (to float32 rounding)")
     add_setup_options(p, by_device, None, REWARD_TERMS, DEFAULT_REWARD_WEIGHTS, DATA)  # model, data, ...
     p.set_defaults(experiment=EXPERIMENT)  # the experiment's name, recorded in every checkpoint
     return complete_args(p.parse_args(argv), p)  # the device and what depends on it, and checks across options
@@ -375,8 +378,10 @@ def add_information(episodes, calls, tokenizer):
         episode.tool_errors += not ok
         episode.result_tokens += len(ids)  # counted as tokenized: the mask never re-derives it from text
 
-def play_episodes(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, temperature, top_p, max_turns):
-    """Play group_size episodes for each prompt of one generation batch; row i*G+j is the j-th of prompt i.
+def play_episodes(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, temperature, top_p, max_turns,
+                  plain=False):
+    """Play group_size episodes for each prompt of one generation batch; row i*G+j is the j-th of prompt i; plain:
+    sample's plain loop (--plain), not sample_fast.
 
     Turn 1 is the base's sampling: each prompt prefilled once, its KV cache shared by its group. The episodes
     that paused at a calculator call get their results appended. Each later turn prefills the whole context so
@@ -386,7 +391,7 @@ def play_episodes(model, tokenizer, prompt_ids, prompt_mask, group_size, max_len
     prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
     episodes = [Episode() for _ in range(len(prompts) * group_size)]
     running = list(range(len(episodes)))
-    ids, actions = sample(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, temperature, top_p)
+    ids, actions = sample(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, temperature, top_p, plain)
     while True:
         paused = {}  # row -> the expression its turn ended with
         for row, turn_ids, turn_actions in zip(running, ids, actions):
@@ -402,13 +407,13 @@ def play_episodes(model, tokenizer, prompt_ids, prompt_mask, group_size, max_len
                                              tokenizer.pad_token_id)
         budget = max(max_length - sum(episodes[row].actions) for row in running)
         ids, actions = sample(model, tokenizer, context_ids.to(prompt_ids.device), context_mask.to(prompt_ids.device),
-                              1, budget, temperature, top_p)
+                              1, budget, temperature, top_p, plain)
 
 RECORD_FIELDS = ("tool_calls", "tool_errors", "turns")  # the episode's record, which joins its row's metadata
 
 @torch.no_grad()
 def rollout(model, tokenizer, tasks, group_size, max_length, temperature=1.0, top_p=1.0, generation_batch_size=None,
-            score=None, max_turns=MAX_TURNS):
+            score=None, max_turns=MAX_TURNS, plain=False):
     """Play group_size episodes for each task {"prompt", "answer", "metadata"} and score them with
     score(completions, answers, metadata), by default Scorer(); each row's metadata gains its tool record:
     tool_calls, tool_errors, turns. Row i*G+j is the j-th episode of tasks[i]."""
@@ -417,7 +422,7 @@ def rollout(model, tokenizer, tasks, group_size, max_length, temperature=1.0, to
     has_bos = bool(tokenizer.bos_token) and prompts[0].startswith(tokenizer.bos_token)  # chat templates add it
     encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=not has_bos).to(device)
     episodes, episode_ids, episode_mask, action_mask = play_in_batches(  # play, at most this many rows at once
-        model, tokenizer, encoded, group_size, max_length, temperature, top_p, generation_batch_size, max_turns)
+        model, tokenizer, encoded, group_size, max_length, temperature, top_p, generation_batch_size, max_turns, plain)
 
     completions = [tokenizer.decode(ids[mask.bool()], skip_special_tokens=True)
                    for ids, mask in zip(episode_ids, action_mask)]
@@ -524,7 +529,8 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
     n, num_actions = ids.shape[0], action_mask.shape[1]
 
     def log_probs(policy, idx):  # log pi(a_t | s_t) and the entropy at each action token, of the sequences idx
-        return sequence_log_probs(policy, ids[idx], attention[idx], num_actions, args.temperature, action_mask[idx])
+        return sequence_log_probs(policy, ids[idx], attention[idx], num_actions, args.temperature, action_mask[idx],
+                                  args.plain)
 
     ref_log_probs = None
     if args.kl_weight > 0:  # pi_ref, once per rollout; skipped entirely when beta = 0
@@ -533,13 +539,12 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
             for idx in torch.arange(n).split(args.train_batch_size):
                 ref_log_probs[idx] = log_probs(ref_model, idx)[0]
 
-    # pi_old, the policy that sampled: log pi_old(a_t | s_t), one no-grad pass in eval mode (no LoRA dropout) before any
-    # update. Fast forms (tiny_grpo/update.py): the rows that add nothing are left out (beta = 0 and A = 0), and with
-    # one update per pass pi_old is read off the first pass's own forward.
-    counted = rows_that_count(advantages, args.kl_weight)
-    old = OldLogProbs(model, log_probs, counted, args.train_batch_size, num_actions, args.updates_per_step,
-                      args.lora_dropout)
-
+    # pi_old, the policy that sampled: log pi_old(a_t | s_t), from pi_old_pass (below) before any update. Fast forms
+    # (tiny_grpo/update.py): the rows that add nothing are left out (beta = 0 and A = 0), and with one update per pass
+    # pi_old is read off the first pass's own forward; --plain takes neither.
+    counted = torch.ones(n, dtype=torch.bool) if args.plain else rows_that_count(advantages, args.kl_weight)
+    old = OldLogProbs(lambda rows: pi_old_pass(model, log_probs, rows, args.train_batch_size), counted, num_actions,
+                      args.updates_per_step, args.lora_dropout, first_pass=not args.plain)
 
     stats = StepStatistics(kl=ref_log_probs is not None, updates=args.epochs_per_step * args.updates_per_step)
     for epoch in range(args.epochs_per_step):
@@ -561,6 +566,16 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
             scheduler.step()  # the schedule counts optimizer updates
     return stats.means()
 
+def pi_old_pass(model, log_probs, rows, size):
+    """pi_old's own pass: log pi_old(a_t | s_t) [len(rows), T] of the sequences rows, log_probs(model, idx) taken in
+    parts of size rows before any update, while the weights are still those that sampled; no gradient, and eval mode
+    (no LoRA dropout: the sampler drew with none)."""
+    model.eval()
+    with torch.no_grad():
+        old = torch.cat([log_probs(model, idx)[0] for idx in rows.split(size)])
+    model.train()
+    return old
+
 @torch.no_grad()
 def evaluate(model, tokenizer, tasks, args, score):
     """Greedy accuracy (the share of exactly right answers), format rate and calls per episode on held-out tasks;
@@ -568,7 +583,8 @@ def evaluate(model, tokenizer, tasks, args, score):
     model.eval()
     with sampling_weights(model, args):  # 4-bit weights dequantized once, not at every token
         result = rollout(model, tokenizer, tasks, group_size=1, max_length=args.max_length, temperature=0,
-                         generation_batch_size=args.generation_batch_size, score=score, max_turns=args.max_turns)
+                         generation_batch_size=args.generation_batch_size, score=score, max_turns=args.max_turns,
+                         plain=args.plain)
     return {"eval/accuracy": (result.terms["correctness"] == 1).float().mean().item(),
             "eval/tool_calls_per_episode": result.tool_calls.float().mean().item(),
             "eval/format_rate": result.terms["format"].mean().item()}, result
@@ -608,7 +624,7 @@ def run(args):
             model.eval()
             with sampling_weights(model, args), book.phase("sampling"):  # 4-bit weights dequantized once
                 result = rollout(model, tokenizer, tasks, args.group_size, args.max_length, args.temperature,
-                                 args.top_p, args.generation_batch_size, score, args.max_turns)
+                                 args.top_p, args.generation_batch_size, score, args.max_turns, args.plain)
             rewards = result.rewards.view(-1, args.group_size)
             advantages = group_advantages(rewards).flatten().to(args.device)
 
@@ -882,7 +898,7 @@ def run_tool_call(expression):
     return calculator(expression)
 
 def play_in_batches(model, tokenizer, encoded, group_size, max_length, temperature, top_p, generation_batch_size,
-                    max_turns):
+                    max_turns, plain=False):
     """play_episodes() on slices of the prompts, group_size x the slice at most generation_batch_size rows (their KV
     cache is the largest part of the memory): the episodes, and their ids, attention and action masks [B*G, T],
     padded."""
@@ -890,7 +906,7 @@ def play_in_batches(model, tokenizer, encoded, group_size, max_length, temperatu
     at_once = max(1, (generation_batch_size or count * group_size) // group_size)
     pieces = [play_episodes(model, tokenizer, encoded.input_ids[i : i + at_once],
                             encoded.attention_mask[i : i + at_once], group_size, max_length, temperature, top_p,
-                            max_turns) for i in range(0, count, at_once)]
+                            max_turns, plain) for i in range(0, count, at_once)]
     episodes = [episode for piece in pieces for episode in piece]
     width = max(len(e.ids) for e in episodes)  # episodes end at different lengths
     device = encoded.input_ids.device

@@ -37,17 +37,17 @@ TOPIC = {
 # a reason above covers those lines only, so a change anywhere else in the function (a fix made in experiment_base and
 # not carried over) fails here too, with the diff shown
 CHANGED_LINES = {
-    "experiment_accelerate": "complete_args 4/6 parse_args 4/9 run 7/24 train_step 21/30",
-    "experiment_accelerate_ddp": "complete_args 4/0 parse_args 6/15 run 13/34 train_step 27/37",
+    "experiment_accelerate": "complete_args 4/6 parse_args 4/9 run 7/24 train_step 22/32",
+    "experiment_accelerate_ddp": "complete_args 4/0 parse_args 6/15 run 13/34 train_step 29/39",
     "experiment_drgrpo": "DEVICE_DEFAULTS 1/1 complete_args 0/9 group_advantages 1/9 grpo_loss 12/46 parse_args 7/44 run 7/25 "
-                         "train_step 9/39",
+                         "train_step 10/41",
     "experiment_multiturn_qa": "DEFAULT_REWARD_WEIGHTS 1/1 DEVICE_DEFAULTS 4/3 REWARD_TERMS 1/1 Rollout 4/10 STOP_STRINGS 1/1 "
                                "Scorer 5/4 add_prompts 3/3 complete_args 5/3 correctness 8/7 evaluate 5/12 format_prompt 11/8 "
                                "format_score 6/9 load_inputs 4/4 parse_args 5/8 reward_terms 5/7 rollout 11/26 run 8/8 "
                                "sequence_log_probs 5/7 system_prompt 3/4 train_step 1/2",
     "experiment_multiturn_tool_calling": "DEFAULT_REWARD_WEIGHTS 1/1 DEVICE_DEFAULTS 4/3 REWARD_TERMS 1/1 Rollout 4/9 "
                                          "STOP_STRINGS 1/1 Scorer 5/2 add_prompts 1/1 complete_args 4/2 correctness 6/2 "
-                                         "evaluate 2/4 format_prompt 12/7 format_score 6/6 load_inputs 4/4 parse_args 8/9 "
+                                         "evaluate 2/5 format_prompt 12/7 format_score 6/6 load_inputs 4/4 parse_args 8/9 "
                                          "reward_terms 5/5 rollout 11/16 run 5/4 sequence_log_probs 5/7 system_prompt 3/5 "
                                          "train_step 1/2",
 }

@@ -177,7 +177,8 @@ def test_eval_accuracy_counts_exact_answers_only(qa, monkeypatch):
     terms = {"correctness": torch.tensor([1.0, 0.25, 0.5, 0.0]), "format": torch.ones(4)}
     played = SimpleNamespace(terms=terms, searches=torch.ones(4), answer_retrieved=torch.ones(4))
     monkeypatch.setattr(qa, "rollout", lambda *a, **k: played)
-    args = SimpleNamespace(max_length=8, generation_batch_size=4, max_turns=3, quantization="none", sampling_weights="auto")
+    args = SimpleNamespace(max_length=8, generation_batch_size=4, max_turns=3, quantization="none", sampling_weights="auto",
+                           plain=False)
     model = torch.nn.Linear(1, 1)
     assert qa.evaluate(model, None, [], args, None, None)[0]["eval/accuracy"] == 0.25
     # data/qa's rows say their kind ("hops"): the accuracy of each kind is reported beside the whole

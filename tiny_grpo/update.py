@@ -1,7 +1,8 @@
 """train_step's two fast forms, each the plain form's numbers at less cost: the rows that add nothing left out, and
-pi_old taken from the first pass's own forward. tests/test_experiments_grpo_math.py holds each equal to its plain
-form (test_zero_advantages_are_left_out_and_the_update_is_the_same, test_pi_old_from_the_first_pass_is_its_own_pass).
-And the update's guard: clip_gradients, which stops the run before an update with a gradient of inf or nan."""
+pi_old taken from the first pass's own forward instead of its own pass (train.py's pi_old_pass). Each is held equal
+to its plain form in tests/test_experiments_grpo_math.py (test_zero_advantages_are_left_out_and_the_update_is_the_same,
+test_pi_old_from_the_first_pass_is_its_own_pass). And the update's guard: clip_gradients, which stops the run before
+an update with a gradient of inf or nan."""
 
 import torch
 
@@ -25,25 +26,26 @@ def rows_that_count(advantages, kl_weight):
 
 class OldLogProbs:
     """log pi_old(a_t | s_t) [n, T] of a rollout batch, the policy that sampled, without gradient: old(idx, epoch,
-    new_log_probs) gives the rows idx. The plain form is one no-grad pass over the batch in eval mode (no LoRA dropout)
-    before the first update. The fast form: while the first pass's forward is still pi_old (one update per pass, no
-    dropout), the rows are taken from that forward, detached, at no cost; first_pass=False, where pi_old is needed whole
-    before the first update (REINFORCE++'s per-token rewards), and FAST = False always take the plain form."""
+    new_log_probs) gives the rows idx. The plain form is train.py's: plain_pass(rows) -> [len(rows), T], one no-grad
+    pass in eval mode (no LoRA dropout) before the first update, over the rows counted. The fast form: while the first
+    pass's forward is still pi_old (one update per pass, no dropout), the rows are taken from that forward, detached,
+    at no cost; first_pass=False, where pi_old is needed whole before the first update (REINFORCE++'s per-token
+    rewards) or a run takes every plain form (--plain), and FAST = False always take the plain form."""
 
     FAST = True
 
-    def __init__(self, model, log_probs, counted, size, num_actions, updates_per_pass, dropout, first_pass=True):
-        n, device = len(counted), next(model.parameters()).device
-        self.values = torch.zeros(n, num_actions, device=device)
+    def __init__(self, plain_pass, counted, num_actions, updates_per_pass, dropout, first_pass=True):
+        self.shape, self.values = (len(counted), num_actions), None
         self.first_pass = self.FAST and first_pass and updates_per_pass == 1 and dropout == 0
-        if not self.first_pass:
-            model.eval()
-            with torch.no_grad():
-                for idx in micro_batches(torch.arange(n), size, counted):
-                    self.values[idx] = log_probs(model, idx)[0]
-            model.train()
+        rows = torch.arange(len(counted))[counted]
+        if not self.first_pass and len(rows):
+            taken = plain_pass(rows)
+            self.values = torch.zeros(self.shape, device=taken.device)
+            self.values[rows] = taken
 
     def __call__(self, idx, epoch, new_log_probs):
+        if self.values is None:  # the fast form's, filled by the first pass
+            self.values = torch.zeros(self.shape, device=new_log_probs.device)
         if self.first_pass and epoch == 0:
             self.values[idx] = new_log_probs.detach()
         return self.values[idx]

@@ -1,0 +1,81 @@
+"""--plain: a run that takes the plain forms each train.py shows (sample's decode loop, sequence_log_probs' plain
+pass, pi_old_pass, every row in the update) instead of tiny_grpo's fast forms computes what the default run does."""
+
+import pytest
+import torch
+from conftest import EXPERIMENTS, ROOT, help_text
+
+import same_run  # benchmarks/same_run.py (conftest puts benchmarks/ on the path)
+import tiny_grpo.decode
+import tiny_grpo.logprobs
+import tiny_grpo.update
+
+# Adam divides each weight's gradient by its own running size: where a gradient is near 0, float32 rounding moves
+# the weight by a visible part of lr. A tenth of one update (lr 1e-2 in same_run's options); seen: 3e-4 at most
+WEIGHTS_ATOL = 1e-3
+# the fast forms a train.py imports, none of which a --plain run takes
+FAST = ((tiny_grpo.decode, "sample_fast"), (tiny_grpo.logprobs, "fast_log_probs"), (tiny_grpo.update, "rows_that_count"))
+
+
+def counting(monkeypatch, calls):
+    """The fast forms a train.py imports (FAST), and OldLogProbs' pi_old off the first pass, counting their calls in
+    calls; set before the train.py is loaded, which then imports these."""
+    for module, name in FAST:
+        real = getattr(module, name)
+
+        def counted(*args, real=real, name=name, **kwargs):
+            calls[name] = calls.get(name, 0) + 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, counted)
+    real_call = tiny_grpo.update.OldLogProbs.__call__
+
+    def pi_old(self, *args):
+        calls["pi_old off the first pass"] = calls.get("pi_old off the first pass", 0) + self.first_pass
+        return real_call(self, *args)
+
+    monkeypatch.setattr(tiny_grpo.update.OldLogProbs, "__call__", pi_old)
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_a_plain_run_is_the_default_run(name, tiny_model_dir, tmp_path, monkeypatch):
+    """benchmarks/same_run.py's two steps of the copy's main() (float32, a tiny random Llama, beta 0.01, two updates a
+    step but in experiment_accelerate_ddp), once as a run is, once with --plain: the same completions at both steps,
+    and the final checkpoint's tensors within WEIGHTS_ATOL. The plain and fast forms' log-probs differ by float32
+    rounding only (test_fast_log_probs_equal_the_plain_form holds them within 1e-5), which Adam can scale (above).
+    The reward is the completion's length, which no group ties on: with every advantage 0 and pi_theta = pi_ref (the
+    first step, LoRA's B at 0) the KL's gradient is exactly 0 in the plain form but rounding in the fast one, whose
+    pi_ref and pi_theta passes pack other rows together, and Adam makes that rounding a step of lr.
+    The default run takes sample_fast and fast_log_probs; --plain takes neither, nor rows_that_count, nor pi_old off
+    the first pass; and --help offers --plain."""
+    assert "--plain" in help_text(name)
+    monkeypatch.chdir(ROOT)  # the tasks' data paths are relative to the repository root
+    (tmp_path / "length_reward.py").write_text("def reward(completion, answer, metadata):\n"
+                                               "    return len(completion) / 24\n")
+    monkeypatch.syspath_prepend(str(tmp_path))  # the reward's process finds its module where the run does
+    runs, calls = [], []
+    for extra in ((), ("--plain",)):
+        calls.append({})
+        with monkeypatch.context() as patch:
+            counting(patch, calls[-1])
+            runs.append(same_run.two_steps(ROOT / name, tiny_model_dir, tmp_path / f"run{len(runs)}", *extra,
+                                           "--reward-fn", "length_reward:reward"))
+    (completions, weights), (plain_completions, plain_weights) = runs
+    assert plain_completions == completions
+    assert [key for key, _ in plain_weights] == [key for key, _ in weights] and weights
+    for (key, plain), (_, fast) in zip(plain_weights, weights):
+        assert torch.allclose(plain, fast, rtol=0, atol=WEIGHTS_ATOL), (key, (plain - fast).abs().max().item())
+    assert calls[0]["sample_fast"] and calls[0]["fast_log_probs"]
+    assert not any(calls[1].values()), calls[1]
+
+
+def test_a_run_resumes_with_or_without_plain(tiny_model_dir, tmp_path, monkeypatch):
+    """--plain changes no number: a checkpoint of a default run is resumed with --plain (and the other way round)."""
+    module = same_run.load_module(ROOT / "experiment_base" / "train.py", "experiment_base_plain_resume")
+    monkeypatch.chdir(ROOT)
+    options = [*same_run.options_for("experiment_base"), "--model-name", str(tiny_model_dir),
+               "--checkpoint-path", str(tmp_path / "out"), "--log-dir", str(tmp_path / "runs"), "--run-name", "r"]
+    module.main([*options, "--max-steps", "1"])
+    module.main([*options, "--max-steps", "2", "--plain", "--resume", str(tmp_path / "out" / "r")])
+    module.main([*options, "--max-steps", "3", "--resume", str(tmp_path / "out" / "r")])
+    assert (tmp_path / "out" / "r" / "step_000003").is_dir()
