@@ -64,7 +64,7 @@ def switch_off(base, config):
             return body, lambda hidden: head(hidden.unsqueeze(1)).squeeze(1)
         tiny_grpo.decode.body_and_head = body_and_head  # the fast decode's prefill
     if config == "full_logits":
-        def sequence_log_probs(model, input_ids, attention_mask, num_actions=None, temperature=1.0):
+        def sequence_log_probs(model, input_ids, attention_mask, num_actions=None, temperature=1.0, plain=False):
             position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
             logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                            use_cache=False, logits_to_keep=num_actions + 1).logits[:, :-1].float() / temperature
