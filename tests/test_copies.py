@@ -112,6 +112,17 @@ def test_a_copy_is_experiment_base_but_for_its_topic(name):
     assert sorted(listed) == sorted(differ)
 
 
+@pytest.mark.parametrize("name", [name for name in EXPERIMENTS if name != "experiment_base"])
+def test_a_copy_keeps_experiment_bases_order(name):
+    """The README's "the copies keep this order and these names": the statements a copy shares with experiment_base
+    come in experiment_base's order, and a copy drops none but the few its experiment has no use for."""
+    base, copy = list(statements("experiment_base")), list(statements(name))
+    assert [n for n in copy if n in base] == [n for n in base if n in copy]
+    # the multi-turn copies have their own data (no TASKS), reward terms and episodes (no sample_in_batches)
+    dropped = {"TASKS", "reasoning_quality", "sample_in_batches"} if "multiturn" in name else set()
+    assert {n for n in base if n not in copy} == dropped
+
+
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_the_plumbing_a_copy_keeps_is_listed(name):
     kept = set(statements(name)) & package_names() - {"main"}  # a script's entry point (tiny_grpo.view has its own)
