@@ -9,6 +9,7 @@ import functools
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -229,12 +230,33 @@ def write_jsonl(path, rows):
 HANG_GUARD_SECONDS = 600
 
 
+def kill_children():
+    """SIGKILL every process whose parent is this one (read from /proc): what a timed-out test started."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after the name, which may hold spaces
+            if int(fields[1]) == os.getpid():
+                os.kill(int(stat.parent.name), signal.SIGKILL)
+        except (OSError, IndexError, ValueError):
+            pass  # gone meanwhile
+
+
+def pytest_sessionstart(session):
+    """Said first, even under -q: with SIGINT ignored (a background job, nohup) the runs the Ctrl-C tests start keep
+    it ignored, as a run under nohup must, and those tests fail."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")  # None in xdist's workers
+    if reporter is not None and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        reporter.write_line("note: SIGINT is ignored in this shell (a background job, nohup): the Ctrl-C tests will fail "
+                            "here; run the suite in the foreground")
+
+
 @contextlib.contextmanager
 def hang_guard(what, timeout):
     """Turn a subprocess timeout inside the block into a failure that says what it is: a guard against a hang."""
     try:
         yield
     except subprocess.TimeoutExpired as e:
+        kill_children()  # a run left going would take the CPU from every later test
         output = (e.stderr or b"")[-2000:]
         output = output.decode(errors="replace") if isinstance(output, bytes) else output
         pytest.fail(f"{what} ran past {timeout} s, the guard against a hang (set well above the slowest CPU's time "
