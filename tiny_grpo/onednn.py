@@ -12,9 +12,10 @@ PACKING = True  # False: every product plain (benchmarks/sampling.py --lever pac
 
 def can_pack(weight):
     """Whether weight is one this module packs: bfloat16, frozen, on a CPU whose oneDNN has bfloat16 kernels."""
+    mkldnn = torch.ops.mkldnn  # private operators: a build without them packs nothing
     return (PACKING and weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and not weight.requires_grad
-            and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-            and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+            and torch.backends.mkldnn.is_available() and hasattr(mkldnn, "_reorder_linear_weight")
+            and hasattr(mkldnn, "_linear_pointwise") and getattr(mkldnn, "_is_mkldnn_bf16_supported", lambda: False)())
 
 class PackedLinear:
     """x -> x W^T + b, as torch.nn.functional.linear(x, weight, bias), W packed once for rows-row products (any
