@@ -17,7 +17,8 @@ from conftest import (EXPERIMENTS, ROOT, TASK_EXPERIMENTS, earlier_cpu_defaults,
 
 LOGGED = {
     "rollout/reward_mean", "rollout/reward_std", "rollout/reward_min", "rollout/reward_max", "rollout/format_rate",
-    "rollout/accuracy", "rollout/completion_length", "rollout/zero_spread_groups", "train/loss", "train/kl",
+    "rollout/accuracy", "rollout/completion_length", "rollout/zero_spread_groups", "rollout/completions_with_signal",
+    "rollout/tokens_with_signal", "train/loss", "train/kl",
     "train/grad_norm", "train/lr", "train/entropy", "train/clip_fraction", "perf/step_seconds",
     "perf/tokens_per_second", "perf/memory_gb", "eval/accuracy", "eval/format_rate",
 }

@@ -121,8 +121,12 @@ class Logger:
                           "goes on without it, and checkpoints are still saved", file=sys.stderr)
 
 def step_metrics(result, rewards, stats, rollout_seconds, seconds, memory):
-    """What a step logs: the rollout's rewards and terms, train_step's statistics, time and memory."""
+    """What a step logs: the rollout's rewards and terms, train_step's statistics, time and memory. The learning
+    signal: the share of completions, and of their tokens, in a group whose rewards differ (the others' advantage is
+    0: with beta = 0 they carry no gradient)."""
     generated = result.action_mask.sum().item()
+    spread = (rewards.max(1).values > rewards.min(1).values).repeat_interleave(rewards.shape[1])  # per completion
+    lengths = result.action_mask.sum(1).cpu()
     return {
         "rollout/reward_mean": rewards.mean().item(),
         "rollout/reward_std": rewards.std().item(),
@@ -133,6 +137,8 @@ def step_metrics(result, rewards, stats, rollout_seconds, seconds, memory):
         **{f"rollout/reward_{name}": values.mean().item() for name, values in result.terms.items()},
         "rollout/completion_length": generated / len(result.completions),
         "rollout/zero_spread_groups": (rewards.max(1).values == rewards.min(1).values).float().mean().item(),
+        "rollout/completions_with_signal": spread.float().mean().item(),
+        "rollout/tokens_with_signal": lengths[spread.cpu()].sum().item() / max(generated, 1),
         **{f"train/{k}": v for k, v in stats.items() if k != "tokens"},
         "perf/step_seconds": seconds,
         "perf/rollout_seconds": rollout_seconds,
