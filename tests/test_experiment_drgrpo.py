@@ -286,6 +286,9 @@ def test_overlong_penalty_by_hand(drgrpo):
 
 # ---- DAPO's dynamic sampling, with a scripted rollout ----
 
+NO_MODEL = torch.nn.Module()  # dynamic_sampling's model, for a scripted rollout that never runs one
+
+
 def scripted_rollout(drgrpo, script, calls):
     """A stand-in for rollout(): round k gives group i the spread script[k][i] (True: rewards 1, 0; False: 1, 1),
     with prompt and completion widths that differ from round to round."""
@@ -317,7 +320,7 @@ def test_dynamic_sampling_refills_the_batch(drgrpo, monkeypatch):
                                                         for i in range(20)]
     args = sampling_args(drgrpo)
     first = drgrpo.rollout(None, tokenizer, [{"prompt": "p", "answer": "1", "metadata": {}}] * 4, 2, 8)
-    batch, position, dropped, extra_rounds, missing = drgrpo.dynamic_sampling(None, tokenizer, tasks, first, (0, 4), args, None)
+    batch, position, dropped, extra_rounds, missing = drgrpo.dynamic_sampling(NO_MODEL, tokenizer, tasks, first, (0, 4), args, None)
     assert calls == [4, 2, 1]  # each extra round asks for as many prompts as groups are missing
     assert (dropped, extra_rounds, position) == (3, 2, (0, 7))  # the data moved on by every prompt rolled out
     assert batch.completions[::2] == ["round0-prompt0-0", "round0-prompt3-0", "round1-prompt1-0", "round2-prompt0-0"]
@@ -338,7 +341,7 @@ def test_dynamic_sampling_filters_on_accuracy_not_reward(drgrpo, monkeypatch):
                                                         for i in range(20)]
     first = drgrpo.rollout(None, tokenizer, [{"prompt": "p", "answer": "1", "metadata": {}}] * 4, 2, 8)
     first.terms["correctness"][2:4] = 0.0  # group 1 all wrong, its rewards (1, 0) still spread
-    batch, position, dropped, extra_rounds, missing = drgrpo.dynamic_sampling(None, tokenizer, tasks, first, (0, 4),
+    batch, position, dropped, extra_rounds, missing = drgrpo.dynamic_sampling(NO_MODEL, tokenizer, tasks, first, (0, 4),
                                                                               sampling_args(drgrpo), None)
     assert (dropped, extra_rounds, missing) == (1, 1, 0) and calls == [4, 1]
     assert batch.completions[::2] == ["round0-prompt0-0", "round0-prompt2-0", "round0-prompt3-0", "round1-prompt0-0"]
@@ -350,7 +353,7 @@ def test_dynamic_sampling_cap_stops_an_endless_loop(drgrpo, monkeypatch):
     tokenizer, tasks = SimpleNamespace(pad_token_id=0), [{"question": f"q{i}", "prompt": f"p{i}", "answer": "1", "metadata": {}}
                                                         for i in range(20)]
     first = drgrpo.rollout(None, tokenizer, [{"prompt": "p", "answer": "1", "metadata": {}}] * 4, 2, 8)
-    batch, position, dropped, extra_rounds, missing = drgrpo.dynamic_sampling(None, tokenizer, tasks, first, (0, 4),
+    batch, position, dropped, extra_rounds, missing = drgrpo.dynamic_sampling(NO_MODEL, tokenizer, tasks, first, (0, 4),
                                                                      sampling_args(drgrpo), None)
     assert calls == [4, 4, 4, 4] and batch is None
     assert (dropped, extra_rounds, position, missing) == (16, 3, (0, 16), 4)  # the cap hit 4 groups short

@@ -11,7 +11,7 @@ import tiny_grpo.logprobs
 import tiny_grpo.update
 
 # Adam divides each weight's gradient by its own running size: where a gradient is near 0, float32 rounding moves
-# the weight by a visible part of lr. A tenth of one update (lr 1e-2 in same_run's options); seen: 3e-4 at most
+# the weight by a visible part of lr. A tenth of one update (lr 1e-2 in same_run's options)
 WEIGHTS_ATOL = 1e-3
 # the fast forms a train.py imports, none of which a --plain run takes
 FAST = ((tiny_grpo.decode, "sample_fast"), (tiny_grpo.logprobs, "fast_log_probs"), (tiny_grpo.update, "rows_that_count"))

@@ -262,8 +262,7 @@ def packed_weights(model):
     """Every frozen bfloat16 torch.nn.Linear of model on a CPU (can_pack) multiplies by its weight packed once for
     oneDNN, when the copies fit in a quarter of the free memory. The output layer's packed product is also left
     as its sampling_product, which body_and_head's output layer takes."""
-    modules = model.modules() if isinstance(model, torch.nn.Module) else []  # (tests' stand-ins: no model)
-    layers = [m for m in modules if type(m) is torch.nn.Linear and can_pack(m.weight)]
+    layers = [m for m in model.modules() if type(m) is torch.nn.Linear and can_pack(m.weight)]
     if not layers or sum(m.weight.nbytes for m in layers) > free_memory("cpu") / 4:
         yield
         return
