@@ -767,7 +767,9 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
             stats.update(grad_norm, optimizer)
             optimizer.step()
             scheduler.step()  # the schedule counts optimizer updates
-    return stats.means()
+    def new_log_probs(rows):  # log pi_new(a_t | s_t): pi_old_pass after the last update, on the rows logged
+        return pi_old_pass(model, log_probs, rows, args.train_batch_size)
+    return {**stats.means(), "new_log_probs": new_log_probs}
 
 def pi_old_pass(model, log_probs, rows, size):
     """pi_old's own pass: log pi_old(a_t | s_t) [len(rows), T] of the sequences rows, log_probs(model, idx) taken in

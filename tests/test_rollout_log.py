@@ -46,10 +46,10 @@ def test_a_step_record_holds_each_group_and_token_as_grpo_computed_it(tiny_model
     assert header == {"kind": "run", "experiment": "experiment_base", "run_name": "r", "group_size": 4, "clip_eps": 0.01,
                       "kl_weight": 0.1, "max_length": 10, "temperature": 0.8,
                       "reward_weights": {"correctness": 1.0, "format": 0.0, "reasoning": 0.0, "custom": 1.0},
-                      "start_step": 0}
+                      "start_step": 0, "epochs_per_step": 1, "updates_per_step": 2}
     assert [(r["kind"], r["step"]) for r in rest] == [("eval", 0), ("eval", 1), ("step", 1), ("eval", 2), ("step", 2)]
     scalars = tensorboard_scalars(run)
-    clipped_sides = set()
+    clipped_sides, moved = set(), []
     for record in records(run, "step"):
         for name, value in record["scalars"].items():
             logged = dict(scalars[name])[record["step"]]
@@ -65,6 +65,8 @@ def test_a_step_record_holds_each_group_and_token_as_grpo_computed_it(tiny_model
                 assert c["truncated"] == (n == 10)
                 assert all(len(c[name]) == n for name in ("logp_old", "ratio", "clipped", "kl"))
                 assert all(lp <= 0 for lp in c["logp_old"]) and all(k >= 0 for k in c["kl"])
+                assert len(c["logp_new"]) == n and all(lp <= 0 for lp in c["logp_new"])  # pi_new, after the update
+                moved += [abs(new - old) for new, old in zip(c["logp_new"], c["logp_old"])]
                 for ratio, side in zip(c["ratio"], c["clipped"]):
                     high, low = ratio > 1.01 and c["advantage"] > 0, ratio < 0.99 and c["advantage"] < 0
                     if abs(abs(ratio - 1) - 0.01) > 1e-3:  # not at the edge, where 4 digits cannot tell
@@ -78,6 +80,7 @@ def test_a_step_record_holds_each_group_and_token_as_grpo_computed_it(tiny_model
         assert sum(v for k, v in train_scalars.items() if k.startswith("rollout/reward_share_")) == pytest.approx(1, abs=1e-3)
         assert train_scalars["rollout/cut_at_budget"] == pytest.approx(sum(cut) / len(cut))
     assert clipped_sides & {1, -1}  # the clip acted
+    assert max(moved) > 1e-2  # the updates moved the policy, and log pi_new shows it
     evaluation = records(run, "eval")[-1]
     assert len(evaluation["completions"]) == 3
     assert [c["correct"] for c in evaluation["completions"]].count(True) / 3 == pytest.approx(
@@ -97,7 +100,23 @@ def test_rows_no_pass_ran_have_no_token_values_and_the_bounds_hold(tiny_model_di
         for c in record["groups"][0]["completions"]:
             assert "kl" not in c
             assert c["advantage"] == 0 and record["groups"][0]["rewards_equal"]
-            assert c["logp_old"] is None and c["ratio"] is None and c["clipped"] is None
+            assert c["logp_old"] is None and c["ratio"] is None and c["clipped"] is None and c["logp_new"] is None
+
+
+def test_logp_new_is_the_policy_after_the_update_not_the_one_that_sampled(tiny_model_dir, tasks, tmp_path):
+    """log pi_new is one more pass after the step's last update: with a learning rate of 1e-12 the update changes
+    nothing that shows, so it is log pi_old to the 4 digits logged (one update a step: pi_old is read off the first pass's
+    forward, pi_new from a pass of its own in eval mode, the same weights); the test above has it move."""
+    (tmp_path / "length_reward.py").write_text("def reward(completion, answer, metadata):\n    return len(completion) / 12\n")
+    run = train(tiny_model_dir, tasks, tmp_path, "--max-steps", "2", "--eval-interval", "0", "--lr", "1e-12",
+                "--reward-fn", "length_reward:reward", "--kl-weight", "0.1")
+    compared = 0
+    for record in records(run, "step"):
+        for group in record["groups"]:
+            for c in group["completions"]:
+                assert c["logp_new"] == pytest.approx(c["logp_old"], abs=2e-3, rel=1e-3)
+                compared += len(c["logp_new"])
+    assert compared > 20
 
 
 def test_log_off_writes_nothing(tiny_model_dir, tasks, tmp_path):

@@ -139,7 +139,7 @@ def step_metrics(result, rewards, stats, rollout_seconds, seconds, memory):
         "rollout/zero_spread_groups": (rewards.max(1).values == rewards.min(1).values).float().mean().item(),
         "rollout/completions_with_signal": spread.float().mean().item(),
         "rollout/tokens_with_signal": lengths[spread.cpu()].sum().item() / max(generated, 1),
-        **{f"train/{k}": v for k, v in stats.items() if k != "tokens"},
+        **{f"train/{k}": v for k, v in stats.items() if k not in ("tokens", "new_log_probs")},  # for the rollout log
         "perf/step_seconds": seconds,
         "perf/rollout_seconds": rollout_seconds,
         "perf/tokens_per_second": generated / rollout_seconds,

@@ -8,7 +8,7 @@ from tiny_grpo.files import write_atomically
 from tiny_grpo.skill import faithful
 
 NAME = "rollouts.jsonl"
-TOKEN_VALUES = ("logp_old", "ratio", "clipped", "kl")  # grpo_loss' per-token values (StepStatistics' tokens)
+TOKEN_VALUES = ("logp_old", "ratio", "clipped", "kl", "logp_new")  # grpo_loss' (StepStatistics' tokens), and pi_new's
 
 
 def rounded(value):
@@ -49,6 +49,8 @@ class RolloutLog:
                                     "group_size": args.group_size, "clip_eps": getattr(args, "clip_eps", None),
                                     "kl_weight": args.kl_weight, "max_length": args.max_length,
                                     "temperature": args.temperature, "reward_weights": dict(weights or {}),
+                                    "epochs_per_step": getattr(args, "epochs_per_step", 1),
+                                    "updates_per_step": getattr(args, "updates_per_step", 1),  # ddp: one a pass
                                     "start_step": resumed_step, "start": self.start}, ensure_ascii=False))
         if self.interval or old is not None:  # the log off: the purge alone, no log made
             self.write_file(kept)
@@ -78,6 +80,7 @@ class RolloutLog:
             for j, row in enumerate(rows.tolist()):
                 per_row[row] = {name: values[name][j] for name in TOKEN_VALUES if name in values}
         count = len(tasks) if not self.groups else min(self.groups, len(tasks))
+        self.add_new_log_probs(per_row, count * self.args.group_size, stats.get("new_log_probs"))
         groups = []
         for i in range(count):
             rows = range(i * size, (i + 1) * size)
@@ -87,6 +90,18 @@ class RolloutLog:
                            "completions": [self.completion(result, r, advantages, per_row.get(r)) for r in rows]})
         self.write({"kind": "step", "step": step, "scalars": {k: rounded(v) for k, v in scalars.items()
                                                                if isinstance(v, (int, float))}, "groups": groups})
+
+    @staticmethod
+    def add_new_log_probs(per_row, rows, new_log_probs):
+        """log pi_new(a_t | s_t) of each row below `rows` that a pass ran (it has log pi_old), after the step's last
+        update: one more no-grad pass (train_step's new_log_probs), over the logged rows only."""
+        ran = [row for row in range(rows) if row in per_row and "logp_old" in per_row[row]]
+        if new_log_probs is None or not ran:
+            return
+        import torch
+
+        for row, values in zip(ran, new_log_probs(torch.tensor(ran))):
+            per_row[row]["logp_new"] = values
 
     def completion(self, result, row, advantages, values):
         width = result.action_mask.shape[1]
