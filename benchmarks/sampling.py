@@ -6,11 +6,18 @@ tokens and only the time differs (the table counts the completions that parted f
   (tested); in bfloat16 a completion can part.
 - `--lever packed`: the frozen weights packed once a rollout for oneDNN (tiny_grpo/onednn.py, bfloat16 on a CPU)
   against the plain products (onednn.PACKING off).
+- `--lever shared`: the beginning the prompts share run once for each count of left pads (tiny_grpo/decode.py's
+  prefill) against every prompt run whole (SHARED_LEAST above any length).
+
+`--evaluation` times the default command's held-out evaluation instead of a rollout: experiment_base's evaluate
+on its default held-out set (100 problems, greedy, its CPU budget and generation batch); --prompts, --group-size,
+--max-new-tokens and --data-path are then not used.
 
     python benchmarks/sampling.py                                   # packaged Gemma-3-270M, 4 prompts x 4 x 64 tokens
     python benchmarks/sampling.py --group-size 8 --max-new-tokens 128 --repeats 2
     python benchmarks/sampling.py --shares 0.01 0.25 0.5        # the rule: drop once this share of the batch has ended
     python benchmarks/sampling.py --lever packed --prompts 8 --group-size 8 --max-new-tokens 128
+    python benchmarks/sampling.py --lever shared --evaluation --repeats 2
 
 Stops at EOS and at experiment_base's stop strings, as a training run does (step_time.py stops at EOS only, as
 TRL). Reports per setting the median sampling seconds over --repeats rounds, sampled tokens per second, and the
@@ -43,8 +50,11 @@ def parse_args(argv=None):
     p.add_argument("--group-size", type=int, default=4, help="completions per prompt (default: %(default)s)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="completion budget (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=3, help="rounds of (dropped, kept) after a warm-up (default: %(default)s)")
-    p.add_argument("--lever", choices=["ended", "packed"], default="ended", help="what to switch: ended rows dropped "
-                   "or kept, or the weights packed for oneDNN or not (default: %(default)s)")
+    p.add_argument("--lever", choices=["ended", "packed", "shared"], default="ended", help="what to switch: ended "
+                   "rows dropped or kept, the weights packed for oneDNN or not, the prompts' shared beginning run once "
+                   "or in every row (default: %(default)s)")
+    p.add_argument("--evaluation", action="store_true", help="time the default command's held-out evaluation instead "
+                   "of a rollout")
     p.add_argument("--shares", type=share, nargs="+", help="with --lever ended: ENDED_SHARE values to compare as "
                    "'dropped', each from 0 to 1 (default: experiment_base's own)")
     p.add_argument("--dtype", default="auto", help="model dtype, as experiment_base's --dtype (default: %(default)s)")
@@ -68,22 +78,31 @@ def main(argv=None):
     model, tokenizer = base.load_model(options)
     model.eval()
     torch = base.torch
+    if args.evaluation:  # the default command's held-out rows, with their prompts
+        score, train_tasks, tasks = base.load_inputs(options)
+        base.add_prompts(model, tokenizer, options, train_tasks, tasks)
 
-    def setting(share=tiny_grpo.decode.ENDED_SHARE, packing=True):
+    def setting(share=tiny_grpo.decode.ENDED_SHARE, packing=True, shared=tiny_grpo.decode.SHARED_LEAST):
         def switch():
             tiny_grpo.decode.ENDED_SHARE, tiny_grpo.onednn.PACKING = share, packing
+            tiny_grpo.decode.SHARED_LEAST = shared
         return switch
 
     def timed(switch):
         switch()
         torch.manual_seed(0)
         started = time.perf_counter()
-        with base.sampling_weights(model, options):  # as a run samples (the weights packed, where they are)
-            result = base.rollout(model, tokenizer, tasks, args.group_size, args.max_new_tokens)
+        if args.evaluation:
+            result = base.evaluate(model, tokenizer, tasks, options, score)[1]
+        else:
+            with base.sampling_weights(model, options):  # as a run samples (the weights packed, where they are)
+                result = base.rollout(model, tokenizer, tasks, args.group_size, args.max_new_tokens)
         return time.perf_counter() - started, result
 
     if args.lever == "packed":
         baseline, configs = "plain", {"plain": setting(packing=False), "packed": setting()}
+    elif args.lever == "shared":
+        baseline, configs = "whole", {"whole": setting(shared=math.inf), "shared": setting()}
     else:
         baseline, configs = "kept", {"kept": setting(share=2.0)}  # above 1: never dropped
         for share in args.shares or [tiny_grpo.decode.ENDED_SHARE]:
@@ -107,10 +126,12 @@ def main(argv=None):
         results[name][f"ratio_to_{baseline}"] = results[name]["seconds"] / results[baseline]["seconds"]
     results["tokens"] = tokens
     results["completion_lengths"] = sorted(lengths.tolist())
-    print(f"\n{args.prompts} prompts x {args.group_size} completions x {args.max_new_tokens} tokens, {tokens} sampled "
+    shape = (f"the held-out evaluation, {len(tasks)} problems" if args.evaluation
+             else f"{args.prompts} prompts x {args.group_size} completions x {args.max_new_tokens} tokens")
+    print(f"\n{shape}, {tokens} sampled "
           f"(lengths {int(lengths.min())} to {int(lengths.max())}, median {int(lengths.median())}), model {args.model_name}, "
           f"median of {args.repeats}\n")
-    print(f"| {'ended rows' if baseline == 'kept' else 'products'} | sampling s | tokens/s | / {baseline} | "
+    print(f"| {dict(kept='ended rows', plain='products', whole='prompts')[baseline]} | sampling s | tokens/s | / {baseline} | "
           f"completions unlike {baseline}'s (of {len(first.completions)}) |\n| --- | --- | --- | --- | --- |")
     for name in configs:
         r = results[name]

@@ -658,6 +658,55 @@ def test_sample_fast_draws_the_plain_loops_tokens(tiny_model_dir, monkeypatch, t
     assert lengths.min() < lengths.max() <= 30  # rows ended at different steps: the fast batch shrank
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_shared_prompt_beginning_is_run_once_and_gives_the_same_bits(tiny_model_dir, monkeypatch, dtype):
+    """tiny_grpo.decode.prefill, the prefill's fast form: 9 prompts that share a worked example, at 3 counts of left
+    pads, run 3 whole rows and then only the columns after the shared part for all 9, fewer tokens than the plain
+    form's 9 whole rows; the last position's state, every layer's keys and values, and the tokens sample_fast draws
+    are the plain form's (within a stated 1e-5 in float32 and one bfloat16 rounding, where a CPU's kernels round a
+    row otherwise for another width or row count: on the 2-core EPYC, the same bits in both)."""
+    from conftest import load_tiny
+
+    module, model, tokenizer = load_tiny(load_experiment("experiment_base"), tiny_model_dir)
+    model.to(dtype).eval()
+    example = "Worked example: 3, 5, 7, 9. Each term is 2 more, so the next is 11. " * 3
+    prompts = tokenizer([example + q for q in ("1, 2?", "10, 20, 30?", "4, 8, 12, 16, 20?")] * 3, return_tensors="pt",
+                        padding=True)
+    assert tokenizer.padding_side == "left" and len(set(prompts.attention_mask.sum(1).tolist())) == 3
+    body, head = tiny_grpo.logprobs.body_and_head(model)
+    run = []
+
+    class Counted:  # the body, counting the tokens each forward runs
+        config = body.config
+
+        def __call__(self, **kwargs):
+            run.append(kwargs["input_ids"].numel())
+            return body(**kwargs)
+
+    def prefill(least):
+        monkeypatch.setattr(tiny_grpo.decode, "SHARED_LEAST", least)
+        run.clear()
+        with torch.no_grad():
+            out = tiny_grpo.decode.prefill(Counted(), prompts.input_ids, prompts.attention_mask)
+        return out, sum(run)
+
+    (plain, plain_tokens), (fast, fast_tokens) = prefill(10**9), prefill(16)
+    assert plain_tokens == prompts.input_ids.numel() and fast_tokens < 0.6 * plain_tokens
+    tolerance = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 0.0, "rtol": 2**-7}
+    torch.testing.assert_close(fast.last_hidden_state[:, -1], plain.last_hidden_state[:, -1], **tolerance)
+    real = prompts.attention_mask.bool()
+    for a, b in zip(fast.past_key_values.layers, plain.past_key_values.layers):
+        for x, y in ((a.keys, b.keys), (a.values, b.values)):
+            torch.testing.assert_close(x.transpose(1, 2)[real], y.transpose(1, 2)[real], **tolerance)
+
+    def completions(least):
+        monkeypatch.setattr(tiny_grpo.decode, "SHARED_LEAST", least)
+        torch.manual_seed(5)
+        return module.sample(model, tokenizer, prompts.input_ids, prompts.attention_mask, 2, 12, 1.0, 1.0)
+
+    assert all(torch.equal(x, y) for x, y in zip(completions(10**9), completions(16)))
+
+
 @pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.7, 0.9)])  # greedy draws nothing: nothing to keep apart
 def test_ended_rows_leave_the_batch_and_the_tokens_stay_the_same(tiny, monkeypatch, temperature, top_p):
     """Rows that have ended leave the decode batch and the KV cache (they were computed to the last step); each
