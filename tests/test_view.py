@@ -305,6 +305,8 @@ def test_the_step_selector_changes_the_groups_shown(reader):
     r.page.click("#next")
     second = groups_shown(r)
     assert second[0]["title"] == "Group 0no gradient: all rewards equal" and "no gradient" not in second[1]["title"]
+    assert "no pass computed" not in r.page.inner_text("#groups .group >> nth=0")  # folded: it trains nothing
+    r.page.click("#groups .group >> nth=0 >> summary")
     assert "no pass computed" in r.page.inner_text("#groups .group >> nth=0")
     assert r.page.inner_text("#groups .group >> nth=1 >> .question") == "What is 9-4?"
     # the held-out evaluation at or before the step: step 0's for steps 1 and 2, step 3's for step 3
@@ -369,8 +371,14 @@ def test_the_learning_curves_have_one_point_per_logged_step(reader):
 
 def test_planted_markup_is_shown_as_text_and_runs_nothing(reader):
     r = reader(records())
-    for mode in ("adv_ratio", "ratio", "clipped", "logp"):
+    # step 3's ratios are all exactly 1: the ratio and clip views are greyed out there
+    assert r.js("[...document.querySelectorAll('#colour option:disabled')].map(o => o.value)") == ["ratio", "clipped"]
+    for mode in ("adv_ratio", "logp"):
         r.choose("colour", mode)
+    r.choose("step", "0")
+    for mode in ("ratio", "clipped"):
+        r.choose("colour", mode)
+    r.choose("step", "2")
     assert r.page.title() == "GRPO rollouts: synthetic " + HOSTILE
     shown = r.js("""({prompt: document.querySelector('#groups pre.prompt').textContent,
         answer: document.querySelector('#groups .answer').textContent,
@@ -441,3 +449,307 @@ def test_each_right_held_out_answer_says_whether_its_reasoning_computes_it(reade
         "faithful", "unfaithful", None]
     assert r.js("document.querySelectorAll('#eval .wrong-col .faithful, #eval .wrong-col .unfaithful').length") == 0
     assert "its reasoning does not compute this answer" in r.page.inner_text("#eval .right-col")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Issue #78: what the update did, the learning signal, charts a learner reads, evaluations compared, finding things
+
+def with_logp_new(recs, epochs=None, updates=None):
+    """The records with each computed completion's logp_new, the log-probs after the step's update: the policy moved
+    towards a completion of A > 0 (log-prob halved: likelier) and away from one of A < 0 (log-prob x 1.5); the run
+    record with epochs_per_step and updates_per_step where given."""
+    recs = json.loads(json.dumps(recs))
+    for r in recs:
+        if r["kind"] == "run" and epochs is not None:
+            r.update(epochs_per_step=epochs, updates_per_step=updates)
+        for c in (c for g in r.get("groups", []) for c in g["completions"]):
+            factor = 0.5 if c["advantage"] > 0 else 1.5 if c["advantage"] < 0 else 1.0
+            c["logp_new"] = None if c["logp_old"] is None else [
+                None if lp is None else round(lp * factor, 4) for lp in c["logp_old"]]
+    return recs
+
+
+def test_the_change_view_colours_tokens_by_their_log_prob_change_and_is_the_default(reader):
+    import math
+
+    r = reader(with_logp_new(records(hostile=False)))
+    assert r.js("[...document.querySelectorAll('#colour option')].map(o => o.value)") == [
+        "change", "adv_ratio", "ratio", "clipped", "logp"]
+    r.choose("step", "0")
+    assert r.page.input_value("#colour") == "change"  # the default where the log holds logp_new
+    first = "#groups .group >> nth=0 >> .completion >> nth=0 >> .tok >> nth=0"  # A = +1.5: log-prob -0.1 -> -0.05
+    second = "#groups .group >> nth=0 >> .completion >> nth=1 >> .tok >> nth=0"  # A = -0.5: -0.1 -> -0.15
+    colour = lambda selector: r.page.locator(selector).evaluate("e => getComputedStyle(e).backgroundColor")  # noqa
+    assert colour(first).startswith("rgba(37, 99, 235") and colour(second).startswith("rgba(220, 38, 38")
+    title = r.page.locator(first).get_attribute("title")
+    assert f"p {math.exp(-0.1):.3f} \u2192 {math.exp(-0.05):.3f}" in title and "log-prob +0.05" in title
+    assert f"p {math.exp(-0.1):.3f} \u2192 {math.exp(-0.15):.3f}" in r.page.locator(second).get_attribute("title")
+    # scaled to the step's largest |change|: -2.32 x 1.5 on a token of A < 0, 1.16
+    legend = r.page.inner_text("#legend")
+    assert "largest |log \u03c0new \u2212 log \u03c0old|, 1.16" in legend and "+1.16" in legend
+    assert r.js("getComputedStyle(document.querySelector('#groups .tok.ctx')).backgroundColor") == "rgb(238, 238, 238)"
+    r.choose("step", "1")  # group 0's per-token lists are null (no pass ran it): no colour, said so
+    assert r.js("[...document.querySelectorAll('#groups .group:first-child .tok')]"
+                ".every(t => t.classList.contains('na'))")
+
+
+def test_the_ratio_views_are_greyed_out_where_a_step_makes_one_update(reader):
+    sentence = ("With one update per step the policy that is trained is the one that sampled, so the ratio is "
+                "exactly 1 and the clip cannot act; see the change view for what the update did.")
+    disabled = "[...document.querySelectorAll('#colour option:disabled')].map(o => o.value)"
+    r = reader(with_logp_new(records(hostile=False), epochs=1, updates=1))  # the run record says: at every step
+    for step in ("0", "1", "2"):
+        r.choose("step", step)
+        assert r.js(disabled) == ["ratio", "clipped"] and r.page.inner_text("#ratio-note") == sentence
+    assert "ratio, 1 here" in r.js("document.querySelector('#colour option[value=\"adv_ratio\"]').textContent")
+    rows = r.js("[...document.querySelectorAll('#opts tr')].map(tr => [...tr.children].map(td => td.textContent))")
+    assert ["epochs per step", "1"] in rows and ["updates per step", "1"] in rows
+    r = reader(with_logp_new(records(hostile=False), epochs=2, updates=1))  # two: the ratio moves, the clip acts
+    r.choose("step", "2")
+    assert r.js(disabled) == [] and not r.page.is_visible("#ratio-note")
+    assert "a step's update is 2 optimizer updates" in r.page.inner_text("#numbering")
+    r = reader(records(hostile=False))  # an older log: its ratios say, step by step (step 3's are all exactly 1)
+    assert r.js(disabled) == ["ratio", "clipped"] and "so it has no change view" in r.page.inner_text("#ratio-note")
+    r.choose("step", "0")
+    assert r.js(disabled) == [] and r.page.inner_text("#ratio-note") == ""
+    r.choose("colour", "clipped")
+    r.choose("step", "2")  # clipped is no view of step 3: the default instead
+    assert r.page.input_value("#colour") == "adv_ratio"
+
+
+def test_each_group_says_how_many_are_right_its_spread_and_advantages_and_groups_without_gradient_fold(reader):
+    recs = records(hostile=False)
+    recs[2]["scalars"].update({"rollout/completions_with_signal": 1.0, "rollout/tokens_with_signal": 1.0,
+                               "rollout/zero_spread_groups": 0.0})
+    for g in recs[4]["groups"]:  # step 3: every group's rewards equal, its scalars say so
+        for c in g["completions"]:
+            c.update(reward=1.0, advantage=0.0)
+        g["rewards_equal"] = True
+    recs[4]["scalars"]["rollout/zero_spread_groups"] = 1.0
+    r = reader(recs)
+    stats = lambda: r.js("[...document.querySelectorAll('#groups .gstats')].map(e => e.textContent)")  # noqa
+    r.choose("step", "0")
+    assert stats() == ["1 right of 4 \u00b7 reward spread 1.5 (std 0.6292) \u00b7 A+ +1.5 (reward 1.5), "
+                       "A\u2212 -0.5 (reward 0)",
+                       "1 right of 4 \u00b7 reward spread 1 (std 0.5) \u00b7 A+ +0.87 (reward 1.5), A\u2212 -0.29 "
+                       "(reward 0.5)"]
+    assert r.page.inner_text("#signal").startswith("Learning signal: 100% of the step's completions and 100% of their "
+                                                   "tokens carried a gradient; of the 2 logged groups, 2 had rewards")
+    assert "A_i = (r_i \u2212 mean) / (std + eps)" in r.page.inner_text("#adv-note")
+    assert "sum to zero" in r.page.inner_text("#adv-note")
+    r.choose("step", "1")
+    tokens = [len(c["tokens"]) for g in recs[3]["groups"] for c in g["completions"]]
+    assert r.page.inner_text("#signal") == (f"Learning signal: of the 2 logged groups, 1 had rewards that differ: 4 "
+                                            f"of 8 completions, {sum(tokens[4:])} of {sum(tokens)} tokens.")
+    assert stats()[0] == "4 right of 4 \u00b7 reward spread 0 (std 0) \u00b7 every A = 0"
+    assert r.js("[...document.querySelectorAll('#groups .group')].map(g => g.open)") == [False, True]
+    assert "1 without a gradient, folded" in r.page.inner_text("#groups-title")
+    assert not r.page.is_visible("#groups .group >> nth=0 >> pre.prompt")  # folded, but one click away
+    r.page.click("#unfold")
+    assert r.js("[...document.querySelectorAll('#groups .group')].map(g => g.open)") == [True, True]
+    r.page.click("#unfold")  # and back
+    assert r.js("[...document.querySelectorAll('#groups .group')].map(g => g.open)") == [False, True]
+    r.choose("step", "2")
+    assert r.page.inner_text("#signal") == ("No gradient this step: every group's rewards were equal, so every "
+                                            "advantage is 0. (AdamW's momentum from earlier steps may still move the "
+                                            "weights.)")
+
+
+def test_the_charts_fit_their_data_mark_unrewarded_terms_and_show_the_best_guess(reader):
+    recs = records(hostile=False)
+    recs[0]["reward_weights"] = {"correctness": 1.0, "format": 0.0}
+    for s, entropy in zip(recs[2:5], (0.9, 0.7, 0.4)):
+        s["scalars"].update({"train/entropy": entropy, "train/grad_norm": 2.0 * entropy,
+                             "rollout/zero_spread_groups": 0.5, "rollout/accuracy": 0.25})
+    recs[1]["metrics"].update({"eval/baseline_last_term_repeated": 0.1, "eval/baseline_most_common": 0.05})
+    recs[5]["metrics"].update({"eval/baseline_last_term_repeated": 0.1, "eval/baseline_most_common": 0.2})
+    r = reader(recs)
+    legend = lambda chart: r.js(f"[...document.querySelectorAll('[data-chart=\"{chart}\"] .legend > span')]"  # noqa
+                                ".map(s => s.textContent)")
+    assert legend("reward") == ["total reward (rollout/reward_mean)", "correctness", "format (not rewarded)"]
+    assert r.js("document.querySelector('[data-chart=\"reward\"] g[data-series=\"rollout/reward_format\"] polyline')"
+                ".getAttribute('stroke-dasharray')") == "5 3"
+    assert r.js("document.querySelector('[data-chart]').dataset.chart") == "reward"  # the total reward first
+    axis = lambda chart: r.js(f"[...document.querySelectorAll('[data-chart=\"{chart}\"] text.axis')]"  # noqa
+                              ".map(t => t.textContent)")
+    values = lambda chart: r.js(f"[...document.querySelectorAll('[data-chart=\"{chart}\"] text.val')]"  # noqa
+                                ".map(t => t.textContent)")
+    # the accuracy chart's axis from its data (0.1 to 0.75, the guess among it), not 0 to 1
+    assert axis("accuracy")[:2] == ["0.1", "0.75"] and "0.5" in values("accuracy") and "0.75" in values("accuracy")
+    assert legend("accuracy") == ["held-out accuracy", "best guess needing no skill: most_common"]
+    titles = r.js("[...document.querySelectorAll('[data-chart=\"accuracy\"] g[data-series=\"guess\"] title')]"
+                  ".map(t => t.textContent)")
+    assert titles == ["best guess needing no skill: most_common at step 0: 0.1 (last_term_repeated)",
+                      "best guess needing no skill: most_common at step 3: 0.2 (most_common)"]
+    assert axis("clip")[:2] == ["0.05", "0.15"] and values("clip") == ["0.15", "0.05", "0.1"]  # every point's value
+    assert values("entropy") == ["0.4", "0.9", "0.7"] and axis("grad_norm")[:2] == ["0.8", "1.8"]
+    assert r.js("[...document.querySelectorAll('[data-chart=\"signal\"] circle')].map(c => c.textContent)") == [
+        "groups whose rewards differ (1 \u2212 rollout/zero_spread_groups) at step " + f"{s}: 0.5" for s in (1, 2, 3)]
+    assert [r.js(f"document.querySelectorAll('[data-chart=\"{c}\"] circle').length") for c in
+            ("entropy", "grad_norm", "length")] == [3, 3, 3]
+    assert r.js("document.querySelector('[data-chart=\"other\"] select').value") == "rollout/accuracy"
+    assert r.page.inner_text("#numbering").startswith("Step N's groups were sampled by the policy after N\u22121 "
+                                                      "updates; its update is the N-th.")
+
+
+def eval_completion(question, answer, given, correct, faithful=None):
+    return {"question": question, "prompt": "Q: " + question, "answer": answer, "correct": correct,
+            "text": f"<think>so</think> <answer> {given} </answer>" if given is not None else "I give up",
+            "faithful": faithful, "terms": {"correctness": float(correct)}}
+
+
+def compared_log(planted="plain"):
+    """Evaluations at steps 0, 2 and 4 of the same four questions (and one asked only at step 4): from step 0 to 4,
+    q1 gained, q2 lost, q3 wrong at both, q4 right at both; at step 4 three answers are 80, a multiple of 10."""
+    before = [eval_completion("q1 " + planted, "17", "12", False), eval_completion("q2", "30", "30", True, True),
+              eval_completion("q3", "41", None, False), eval_completion("q4", "5", "5", True, False)]
+    middle = [eval_completion(c["question"], c["answer"], "80", False) for c in before]
+    after = [eval_completion("q1 " + planted, "17", "17", True, False), eval_completion("q2", "30", "80", False),
+             eval_completion("q3", "41", "80", False), eval_completion("q4", "5", "5", True, True),
+             eval_completion("q5", "60", planted if planted != "plain" else "80", False)]
+    run = records(hostile=False)[0]
+    return [run, eval_record(0, 0.5, before), eval_record(2, 0.0, middle), eval_record(4, 0.4, after)]
+
+
+def test_two_evaluations_side_by_side_show_the_questions_gained_and_lost_and_the_answers_given(reader):
+    r = reader(compared_log())
+    assert r.page.input_value("#eval-a") == "0" and r.page.input_value("#eval-b") == "2"  # the first and the last
+    assert r.page.inner_text("#compare .compare-summary") == (
+        "From step 0 to step 4: accuracy 0.5 \u2192 0.4; of the 4 questions asked at both, 1 gained "
+        "(wrong \u2192 right), 1 lost (right \u2192 wrong).")
+    questions = lambda cls: r.js(f"[...document.querySelectorAll('#compare .{cls} .ev > .question')]"  # noqa
+                                 ".map(e => e.textContent)")
+    assert questions("gained") == ["q1 plain"] and questions("lost") == ["q2"]
+    assert r.js("[...document.querySelectorAll('#compare .gained .said')].map(d => d.firstChild.textContent + "
+                "d.querySelector('.given').textContent)") == ["step 0, wrong: 12", "step 4, right: 17"]
+    # each right answer says whether its reasoning computes it
+    assert "its reasoning does not compute this answer" in r.page.inner_text("#compare .gained")
+    assert "its reasoning computes this answer" in r.page.inner_text("#compare .lost")
+    bins = lambda step: r.js(f"[...document.querySelectorAll('#compare .hist[data-step=\"{step}\"] g.bin')]"  # noqa
+                             ".map(g => [g.dataset.answer, +g.dataset.given, +g.dataset.true])")
+    assert bins(4) == [["80", 3, 0], ["17", 1, 1], ["5", 1, 1]]
+    assert bins(0) == [["12", 1, 0], ["30", 1, 1], ["(none)", 1, 0], ["5", 1, 1]]
+    assert r.page.inner_text('#compare .hist[data-step="4"] .tens') == (
+        "Multiples of 10: 3 of the 5 answers given that are numbers (60%); 2 of the 5 true answers (40%).")
+    r.choose("eval-a", "1")  # step 2 answered 80 everywhere: from it to step 4, q1 and q4 gained
+    assert questions("gained") == ["q1 plain", "q4"] and questions("lost") == []
+    r.choose("eval-b", "1")
+    assert "The same evaluation twice" in r.page.inner_text("#compare")
+    assert r.js("document.querySelectorAll('#compare .hist').length") == 1
+
+
+def until(r, expression, seconds=10):
+    """Wait until the expression holds in the page (wait_for_function evaluates a string: the page's CSP refuses)."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not r.js(expression):
+        assert time.monotonic() < deadline, f"not within {seconds} s: {expression}"
+        time.sleep(0.05)
+
+
+def test_find_lists_matches_across_steps_and_evaluations_and_a_click_opens_them(reader):
+    recs = records(hostile=False)
+    recs[2]["groups"][1]["completions"][2] = completion("<answer>Zebra-42</answer>", -0.29, 0.5)  # step 1, group 1
+    recs[4]["groups"][1]["prompt"] = "What is the zebra-42 rule?"  # step 3, group 1
+    recs[5]["completions"][1]["text"] = "a ZEBRA-42 here"  # the evaluation at step 3, its second
+    r = reader(recs)
+    r.page.fill("#find", "zebra-42")
+    until(r, "document.getElementById('find-count').textContent !== ''")
+    assert r.page.inner_text("#find-count") == "3 found"
+    assert r.js("[...document.querySelectorAll('#found li button')].map(b => b.textContent)") == [
+        "step 1, group 1, completion #3", "step 3, group 1, prompt",
+        "held-out evaluation at step 3, question 2, completion"]
+    assert r.js("[...document.querySelectorAll('#found mark')].map(m => m.textContent)") == [
+        "Zebra-42", "zebra-42", "ZEBRA-42"]
+    r.page.click("#found li >> nth=0 >> button")
+    assert r.page.input_value("#step") == "0"
+    target = r.js("""(() => { const c = document.querySelector('#groups .completion.flash');
+        const box = c.getBoundingClientRect();
+        return {text: c.querySelector('.tokens').textContent, group: c.closest('.group').dataset.index,
+                seen: box.top >= 0 && box.bottom <= innerHeight}; })()""")
+    assert target == {"text": "<answer>Zebra-42</answer>", "group": "1", "seen": True}
+    r.page.click("#found li >> nth=2 >> button")
+    assert r.page.inner_text("#eval-title").startswith("Held-out evaluation at step 3")
+    assert r.js("document.querySelector('#eval .ev.flash pre.text').textContent") == "a ZEBRA-42 here"
+    r.page.fill("#find", "no such text anywhere")
+    until(r, "document.getElementById('find-count').textContent === 'not found'")
+    assert r.js("document.querySelectorAll('#found li').length") == 0
+
+
+def test_the_filters_hide_the_completions_that_do_not_match_and_the_groups_left_empty(reader):
+    r = reader(records(hostile=False))
+    r.choose("step", "0")
+    visible = lambda: r.js("[...document.querySelectorAll('#groups .group')].filter(g => !g.hidden)"  # noqa
+                           ".map(g => [...g.querySelectorAll('.completion')].filter(c => !c.hidden)"
+                           ".map(c => +c.dataset.advantage))")
+    assert visible() == [[1.5, -0.5, -0.5, -0.5], [0.87, -0.29, -0.29, -0.29]]
+    r.choose("f-adv", "pos")
+    assert visible() == [[1.5], [0.87]] and r.page.inner_text("#filter-count") == "2 of 8 completions shown"
+    r.choose("f-adv", "all")
+    r.choose("f-reward", "unrewarded")  # reward 0: only "no tags at all"
+    assert visible() == [[-0.5]]
+    r.choose("f-reward", "all")
+    r.choose("f-cut", "cut")  # cut at the budget: the search completion of 28 tokens
+    assert visible() == [[0.87]]
+    r.choose("f-cut", "all")
+    r.choose("step", "1")
+    r.choose("f-adv", "zero")  # the folded group without a gradient is where A = 0: shown, unfolded
+    assert visible() == [[0.0, 0.0, 0.0, 0.0]]
+    assert r.js("document.querySelector('#groups .group').open")
+    r.choose("f-adv", "all")
+    assert visible() == [[0.0, 0.0, 0.0, 0.0], [1.2, -0.4, -0.4, -0.4]] and r.page.inner_text("#filter-count") == ""
+
+
+def test_a_prompt_drawn_at_several_steps_links_to_its_other_draws(reader):
+    recs = records(hostile=False)
+    recs[4]["groups"][1]["prompt"] = recs[2]["groups"][0]["prompt"]  # step 3's group 1 draws step 1's group 0 again
+    r = reader(recs)
+    drawn = lambda: r.js("[...document.querySelectorAll('#groups .group')].map(g => "  # noqa
+                         "(g.querySelector('.drawn') || {}).textContent || null)")
+    assert drawn() == [None, "also drawn at step 1"]
+    r.page.click("#groups .group >> nth=1 >> .drawn button")
+    assert r.page.input_value("#step") == "0"
+    assert r.js("document.querySelector('#groups .group.flash').dataset.index") == "0"
+    assert drawn() == ["also drawn at step 3", None]
+
+
+def test_planted_markup_in_the_new_views_is_shown_as_text(reader):
+    recs = with_logp_new(records(), epochs=1, updates=1)
+    for c in recs[4]["groups"][0]["completions"]:  # strings where numbers belong: shown as no number
+        c["logp_new"] = [HOSTILE] * len(c["tokens"])
+    recs = recs + compared_log(HOSTILE)[1:]
+    r = reader(recs)
+    assert r.js("[...document.querySelectorAll('#groups .group:first-child .tok')]"
+                ".every(t => t.classList.contains('na'))")
+    assert HOSTILE not in r.js("document.querySelector('#groups .tok').title")
+    # the first evaluation (step 0's, logged twice: the last kept) and the last (step 4's), the planted text in both
+    first = r.js("[...document.querySelectorAll('#eval-a option')].map(o => o.textContent)")[0]
+    assert first == "step 0 (accuracy 0.5)"
+    assert HOSTILE in r.js("[...document.querySelectorAll('#compare .gained .question')].map(e => e.textContent)")[0]
+    assert r.js("document.querySelector('#compare .hist[data-step=\"4\"] g.bin:last-child').dataset.answer") == HOSTILE
+    assert HOSTILE in r.page.inner_text("#compare")
+    r.page.fill("#find", "onerror")
+    until(r, "document.getElementById('find-count').textContent !== ''")
+    assert r.js("document.querySelectorAll('#found li').length") > 3
+    for i in range(r.js("document.querySelectorAll('#found li').length")):  # each result opens
+        r.page.click(f"#found li >> nth={i} >> button")
+    assert r.js("({scripts: document.scripts.length, images: document.images.length})") == {"scripts": 2, "images": 0}
+
+
+def test_a_misshapen_logp_new_or_update_count_skips_its_record_and_logp_new_is_trimmed_for_size(tmp_path):
+    recs = with_logp_new(records(hostile=False), epochs=1, updates=1)
+    bad = json.loads(json.dumps(recs[3]))
+    bad["groups"][0]["completions"][0]["logp_new"] = HOSTILE
+    page = view.write_page(write_log(tmp_path / "run", recs[:3] + [bad] + recs[4:]))
+    data = json.loads(page.read_text().split('id="data">')[1].split("</script>")[0])
+    assert [s["step"] for s in data["steps"]] == [1, 3] and data["run"]["epochs_per_step"] == 1
+    assert data["notes"] == ["1 record of rollouts.jsonl (line 4: groups[0].completions[0].logp_new: not a list) was "
+                             "not of the shape docs/rollout-log.md gives and skipped."]
+    assert view.misshapen({**recs[0], "updates_per_step": HOSTILE}) == "updates_per_step: not a number"
+    folder = big_log(tmp_path / "big")  # over the budget: logp_new goes with the other per-token lists
+    log = [json.loads(line) for line in (folder / "rollouts.jsonl").open()]
+    write_log(folder, with_logp_new(log))
+    data = json.loads(view.write_page(folder).read_text().split('id="data">')[1].split("</script>")[0])
+    assert "logp_new" in data["steps"][-1]["groups"][0]["completions"][0]
+    assert not {"logp_new", "logp_old", "tokens"} & set(data["steps"][0]["groups"][0]["completions"][0])

@@ -1,8 +1,13 @@
 """The page per run: `python -m tiny_grpo.view LOG_DIR/RUN_NAME [--output FILE]` writes LOG_DIR/RUN_NAME/rollouts.html
 from the run's rollouts.jsonl (docs/rollout-log.md): one self-contained file, its data embedded as JSON, that opens
-offline and makes no network request. It shows the learning curves, each logged step's groups sorted by advantage with
-every completion's tokens coloured by a quantity the reader picks (advantage x ratio, ratio, clipped, KL, log-prob),
-and the held-out evaluation's completions, right and wrong. A run draws it at each checkpoint and at its end.
+offline and makes no network request. It shows the learning curves (reward, held-out accuracy beside the best guess
+that needs no skill, the share of groups with a gradient, entropy, gradient norm, completion length, ...), two held-out
+evaluations compared (the questions gained and lost, the answers given against the true ones), a search over every
+prompt and completion, each logged step's learning signal and groups (those without a gradient folded; filters by
+reward, advantage sign and cut at the budget) sorted by advantage, with every completion's tokens coloured by a
+quantity the reader picks (the change of its log-prob under the update, advantage x ratio, ratio, clipped, KL,
+log-prob), and the held-out evaluation's completions, right and wrong. A run draws it at each checkpoint and at its
+end.
 
 The log is read line by line, keeping only what the page can embed, so the memory needed does not grow with the log.
 Standard library only. Every text from the data reaches the page through textContent, never as HTML."""
@@ -17,7 +22,7 @@ LOG_NAME, PAGE_NAME = "rollouts.jsonl", "rollouts.html"
 BUDGET = 8 * 2**20  # bytes of embedded data: the page stays under 10 MB
 CURVE_POINTS = 4000  # steps (and evaluations) reduced to their curve points kept at most, evenly spaced
 STARTS = 20  # a run's starts whose options the header shows at most: the first and the newest
-PER_TOKEN = ("tokens", "action", "logp_old", "ratio", "clipped", "kl")
+PER_TOKEN = ("tokens", "action", "logp_old", "logp_new", "ratio", "clipped", "kl")
 CUT = "Left out to keep this page under 10 MB:"
 
 # The shape of each kind of record the page reads (docs/rollout-log.md); a field may be absent or null, but a step's
@@ -28,7 +33,8 @@ COMPLETION = {"text": TEXT, "reward": NUMBER, "terms": NUMBERS, "advantage": NUM
               **{name: LIST for name in PER_TOKEN}}
 SHAPES = {
     "run": {"experiment": TEXT, "run_name": TEXT, "group_size": NUMBER, "clip_eps": NUMBER, "kl_weight": NUMBER,
-            "max_length": NUMBER, "temperature": NUMBER, "reward_weights": NUMBERS, "start_step": WHOLE},
+            "max_length": NUMBER, "temperature": NUMBER, "reward_weights": NUMBERS, "start_step": WHOLE,
+            "epochs_per_step": NUMBER, "updates_per_step": NUMBER},
     "step": {"step": WHOLE, "scalars": NUMBERS, "groups": [{"index": NUMBER, "prompt": TEXT, "question": TEXT,
                                                             "answer": TEXT, "rewards_equal": FLAG,
                                                             "completions": [COMPLETION]}]},
@@ -451,17 +457,28 @@ PAGE = """<!DOCTYPE html>
 <style>
 body { font: 14px/1.4 system-ui, sans-serif; margin: 1em 2em; color: #222; max-width: 1400px; }
 h1 { font-size: 1.3em; } h2 { font-size: 1.15em; margin-top: 1.5em; border-bottom: 1px solid #ccc; }
+[hidden] { display: none !important; }
 .muted, .ctx { color: #888; } .note { background: #fff6d5; padding: .3em .6em; }
 table.opts td, table.opts th { padding: 0 1em 0 0; text-align: left; font-weight: normal; }
 table.opts th.current { font-weight: 600; background: #eef4ff; }
 #charts { display: flex; flex-wrap: wrap; gap: 1em; }
 .chart { border: 1px solid #ddd; padding: .3em; } .chart h3 { font-size: 1em; margin: 0; }
 .chart svg { display: block; } .pt { cursor: pointer; } .legend span { margin-right: 1em; white-space: nowrap; }
+.chart .legend { max-width: 330px; font-size: 12px; } .chart .legend > span { display: inline-block; max-width: 100%; white-space: normal; }
+text.val { paint-order: stroke; stroke: #fff; stroke-width: 3px; stroke-linejoin: round; }
 .swatch { display: inline-block; width: .8em; height: .8em; margin-right: .3em; vertical-align: middle; }
+.swatch.dashed { height: 0; border-top: 2px dashed; background: none !important; }
 .controls { position: sticky; top: 0; background: #fff; padding: .4em 0; border-bottom: 1px solid #ddd; z-index: 1; }
+.controls .row { margin-top: .3em; font-size: 13px; }
+option:disabled { color: #aaa; }
+button.link { background: none; border: none; padding: 0; color: #1d4ed8; text-decoration: underline; cursor: pointer;
+  font: inherit; }
 .group { border: 1px solid #ccc; margin: .8em 0; padding: .5em; }
+.group > summary { cursor: pointer; } .group > summary h3 { display: inline; }
 .group h3 { font-size: 1em; margin: 0 0 .3em; }
+.gstats { font-size: 12px; margin-left: .8em; color: #444; } .drawn { font-size: 12px; color: #555; margin: .2em 0; }
 .nograd { background: #eee; color: #555; border: 1px solid #aaa; padding: 0 .4em; margin-left: .6em; font-weight: normal; }
+.signal { background: #eef4ff; padding: .3em .6em; }
 pre { white-space: pre-wrap; word-break: break-word; margin: .2em 0; font: 12px/1.35 ui-monospace, monospace; }
 pre.prompt { max-height: 8em; overflow: auto; background: #f6f6f6; padding: .3em; }
 .completion { border-top: 1px dashed #ddd; padding: .3em 0; }
@@ -474,18 +491,44 @@ pre.prompt { max-height: 8em; overflow: auto; background: #f6f6f6; padding: .3em
 .cols { display: flex; gap: 1em; } .cols > div { flex: 1; min-width: 0; }
 .ev { border-top: 1px dashed #ddd; padding: .3em 0; } .right { color: #1a7f37; } .wrong { color: #b42318; }
 .faithful { color: #1a7f37; font-size: .85em; } .unfaithful { color: #9a6700; font-size: .85em; }
+.changes { max-height: 30em; overflow: auto; } .said { font-size: 12px; margin-top: .2em; }
+.given { font-family: ui-monospace, monospace; background: #f3f3f3; padding: 0 .2em; }
+.hist { border: 1px solid #ddd; padding: .3em; margin-top: .8em; } .hist h3 { font-size: 1em; margin: 0; }
+#found { max-height: 20em; overflow: auto; font-size: 13px; } #found li { margin: .15em 0; }
+.snippet { color: #444; margin-left: .6em; font-family: ui-monospace, monospace; font-size: 12px; }
+mark { background: #fde68a; } .flash { outline: 3px solid #f59e0b; outline-offset: 2px; }
 </style></head>
 <body>
 <h1 id="title"></h1>
 <div id="notes"></div>
 <table class="opts" id="opts"></table>
 <h2>Learning curves</h2>
+<p class="muted" id="numbering"></p>
 <div id="charts"></div>
+<h2>Held-out evaluations compared</h2>
+<div><label>from <select id="eval-a"></select></label> <label>to <select id="eval-b"></select></label></div>
+<div id="compare"></div>
+<h2>Find</h2>
+<div><input id="find" type="search" size="60" aria-label="find"
+  placeholder="a text in any prompt or completion, at every step and held-out evaluation">
+<span id="find-count" class="muted"></span></div>
+<ol id="found"></ol>
 <div class="controls">
 <label>Step <select id="step"></select></label> <button id="prev">&larr;</button> <button id="next">&rarr;</button>
 &nbsp; <label>Colour tokens by <select id="colour"></select></label> <span id="legend" class="legend"></span>
+<div id="ratio-note" class="row muted" hidden></div>
+<div class="row">Show completions: <label>reward <select id="f-reward"><option value="all">all</option>
+<option value="rewarded">rewarded (&gt; 0)</option><option value="unrewarded">unrewarded (&le; 0)</option>
+</select></label>
+<label>advantage <select id="f-adv"><option value="all">all</option><option value="pos">A &gt; 0</option>
+<option value="neg">A &lt; 0</option><option value="zero">A = 0</option></select></label>
+<label>cut at the budget <select id="f-cut"><option value="all">all</option><option value="cut">cut</option>
+<option value="whole">not cut</option></select></label>
+<button id="unfold"></button> <span id="filter-count" class="muted"></span></div>
 </div>
 <h2 id="groups-title">Groups</h2>
+<p id="signal"></p>
+<p class="muted" id="adv-note"></p>
 <div id="groups"></div>
 <h2 id="eval-title">Held-out evaluation</h2>
 <div id="eval"></div>
@@ -496,6 +539,7 @@ const D = JSON.parse(document.getElementById("data").textContent);
 const $ = id => document.getElementById(id);
 const NS = "http://www.w3.org/2000/svg";
 const isNum = x => typeof x === "number" && isFinite(x);
+const list = x => Array.isArray(x) ? x : [];
 function el(tag, cls, text, parent) {
   const e = document.createElement(tag);
   if (cls) e.className = cls;
@@ -509,6 +553,7 @@ function sv(tag, attrs, parent) {
   if (parent) parent.appendChild(e);
   return e;
 }
+const words = (parent, text) => parent.appendChild(document.createTextNode(text));
 function fmt(x) {
   if (x === null || x === undefined) return "n/a";
   if (!isNum(x)) return String(x);
@@ -516,19 +561,36 @@ function fmt(x) {
   return String(+x.toPrecision(4));
 }
 const signed = x => isNum(x) && x > 0 ? "+" + fmt(x) : fmt(x);
-const at = (list, t) => Array.isArray(list) && isNum(list[t]) ? list[t] : null;
+const pct = x => isNum(x) ? +(100 * x).toPrecision(3) + "%" : "n/a";
+const at = (values, t) => Array.isArray(values) && isNum(values[t]) ? values[t] : null;
+function prob(lp) {  // a probability from its log, as many digits as tell it from its neighbours
+  const p = Math.exp(lp);
+  return p > 0.99 ? p.toFixed(4) : p >= 0.001 ? p.toFixed(3) : p.toExponential(1);
+}
 const run = D.run || {}, steps = D.steps || [], evals = D.evals || [];
 const runs = D.runs && D.runs.length ? D.runs : [run];  // each start of the run (a resume is one), oldest first
 const started = r => isNum(r.start_step) ? r.start_step : 0;
 // the start whose options held at a step: step N is the N-th update, made by the newest start before it
 const startAt = step => runs.reduce((found, r, i) => started(r) < step ? i : found, 0);
 const runAt = step => runs[startAt(step)];
+const completionsOf = step => list(step.groups).flatMap(g => list(g.completions));
+// the optimizer updates a step makes (epochs per step x updates per step), where the run record says
+const updatesOf = r => isNum(r.epochs_per_step) && isNum(r.updates_per_step)
+  ? r.epochs_per_step * r.updates_per_step : null;
+const klOn = step => isNum(runAt(step.step).kl_weight) && runAt(step.step).kl_weight > 0;
+// the answer a completion gave: the text inside its last <answer>...</answer>, trimmed; null where it gave none
+function answerOf(text) {
+  let found = null;
+  if (typeof text === "string") for (const m of text.matchAll(/<answer>([\\s\\S]*?)<\\/answer>/g)) found = m[1].trim();
+  return found;
+}
 
 // Header: the run, each start's options (the selected step's marked), what the page left out.
 $("title").textContent = "GRPO rollouts: " + (run.run_name || D.folder || "") + (run.experiment ? " (" + run.experiment + ")" : "");
 for (const n of D.notes || []) el("p", "note", n, $("notes"));
 const OPTIONS = [["group size", r => r.group_size], ["clip eps", r => r.clip_eps], ["KL weight", r => r.kl_weight],
   ["max length", r => r.max_length], ["temperature", r => r.temperature],
+  ["epochs per step", r => r.epochs_per_step], ["updates per step", r => r.updates_per_step],
   ["reward weights", r => Object.entries(r.reward_weights || {}).map(([k, v]) => k + "=" + fmt(v)).join(", ")]];
 function header() {
   const table = $("opts"), cur = steps[+$("step").value], now = cur ? startAt(cur.step) : runs.length - 1;
@@ -550,12 +612,34 @@ function header() {
     const tr = el("tr", null, null, table); el("td", "muted", k, tr); el("td", null, String(v), tr).colSpan = runs.length;
   }
 }
+// How steps are numbered (tiny_grpo/bookkeeping.py: a step's record is written after its update, the count of
+// updates done already advanced), so that a reader knows which policy sampled what.
+const perStep = updatesOf(run);
+$("numbering").textContent = "Step N's groups were sampled by the policy after N\\u22121 updates; its update is the "
+  + "N-th. A held-out evaluation at step N tests the policy after N updates (at step 0: the model before any)."
+  + (perStep > 1 ? " Here a step's update is " + perStep + " optimizer updates (epochs per step \\u00d7 updates per "
+    + "step)." : "");
 
 // Learning curves: one point per logged step (held-out accuracy: per evaluation).
 const names = [...new Set(steps.flatMap(s => Object.keys(s.scalars || {})))].sort();
 const pick = (...tests) => { for (const t of tests) { const n = names.find(x => t.test(x)); if (n) return n; } return null; };
 const scalar = name => steps.filter(s => isNum((s.scalars || {})[name])).map(s => [s.step, s.scalars[name]]);
 const COLOURS = ["#222", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
+// a reward term whose weight is 0 in every start that names it: logged, but no part of the total the policy learns
+// from
+function unrewarded(term) {
+  const weights = runs.map(r => (r.reward_weights || {})[term]).filter(isNum);
+  return weights.length > 0 && weights.every(w => w === 0);
+}
+// an evaluation's best score among the guesses that need no skill (eval/baseline_*): [step, score, which guess]
+function bestGuess(e) {
+  const guesses = Object.entries(e.metrics || {}).filter(([k, v]) => k.startsWith("eval/baseline_") && isNum(v));
+  if (!guesses.length) return null;
+  const best = Math.max(...guesses.map(g => g[1]));
+  const top = guesses.filter(g => g[1] === best).map(g => g[0].slice("eval/baseline_".length));
+  const ties = top.length + " guesses tie (" + top.slice(0, 2).join(", ") + (top.length > 2 ? ", \\u2026" : "") + ")";
+  return [e.step, best, top.length === 1 ? top[0] : ties];
+}
 function curves() {
   const charts = [];
   const total = pick(/^rollout\\/reward_mean$/, /^reward\\/(total|mean)$/, /^reward(_mean)?$/, /reward_mean$/);
@@ -564,68 +648,114 @@ function curves() {
   const terms = weights.length ? names.filter(n => weights.some(t => n === "rollout/reward_" + t || n === "reward/" + t))
     : names.filter(n => /^(rollout\\/reward_|reward\\/)/.test(n) && n !== total && !/share/.test(n)
       && !/(_|\\/)(mean|std|min|max|total)$/.test(n));
+  const termOf = n => n.replace(/^(rollout\\/reward_|reward\\/)/, "");
   const reward = [];
   if (total) reward.push({key: "total", label: "total reward (" + total + ")", points: scalar(total)});
-  for (const t of terms) reward.push({key: t, label: t.replace(/^(rollout\\/reward_|reward\\/)/, ""), points: scalar(t)});
-  charts.push(["reward", "Reward, total and per term (before weighting)", reward]);
+  for (const t of terms) {
+    const off = unrewarded(termOf(t));  // drawn dashed: a reader must not take it for what the policy is paid for
+    reward.push({key: t, label: termOf(t) + (off ? " (not rewarded)" : ""), points: scalar(t), dashed: off});
+  }
+  charts.push({key: "reward", title: "Reward: the total, then each term (before weighting)", series: reward});
   const accName = m => ["eval/accuracy", "accuracy"].find(k => isNum((m || {})[k]));
   let acc = evals.filter(e => accName(e.metrics)).map(e => [e.step, e.metrics[accName(e.metrics)]]);
   if (!acc.length && names.includes("eval/accuracy")) acc = scalar("eval/accuracy");
-  charts.push(["accuracy", "Held-out accuracy", [{key: "accuracy", label: "held-out accuracy", points: acc}], [0, 1]]);
-  for (const [key, title, re] of [["kl", "KL to the reference", /(^|\\/)kl$/], ["clip", "Clip fraction", /clip_fraction$/],
-      ["length", "Completion length (tokens)", /completion_length$/]]) {
+  const accuracy = [{key: "accuracy", label: "held-out accuracy", points: acc}];
+  const guesses = evals.map(bestGuess).filter(Boolean);
+  if (guesses.length && acc.length)
+    accuracy.push({key: "guess", label: "best guess needing no skill: " + guesses[guesses.length - 1][2],
+      points: guesses, dashed: true});
+  charts.push({key: "accuracy", title: "Held-out accuracy, and the best guess", series: accuracy});
+  const zero = "rollout/zero_spread_groups";
+  const differ = {key: "signal", label: "groups whose rewards differ (1 \\u2212 " + zero + ")",
+    points: scalar(zero).map(([x, y]) => [x, 1 - y])};
+  charts.push({key: "signal", title: "Share of groups with a gradient", series: names.includes(zero) ? [differ] : []});
+  for (const [key, title, re] of [["entropy", "Entropy (per token, of the completions trained)", /^train\\/entropy$/],
+      ["grad_norm", "Gradient norm", /(^|\\/)grad_norm$/],
+      ["length", "Completion length (tokens)", /completion_length$/],
+      ["clip", "Clip fraction", /clip_fraction$/], ["kl", "KL to the reference", /(^|\\/)kl$/]]) {
     const n = pick(re);
-    charts.push([key, title, n ? [{key: key, label: n, points: scalar(n)}] : []]);
+    charts.push({key: key, title: title, series: n ? [{key: key, label: n, points: scalar(n)}] : []});
   }
   return charts;
 }
-function chart(key, title, series, parent, range) {
-  const box = el("div", "chart", null, parent); box.dataset.chart = key;
-  el("h3", null, title, box);
-  const pts = series.flatMap(s => s.points);
+const extent = xs => [Math.min(...xs), Math.max(...xs)];
+// the points whose value is written beside them, the most wanted first: the last, first, highest and lowest of the
+// first curve (every one of a short lone curve), the last of the others
+function marked(points, first, alone) {
+  if (!points.length) return [];
+  const last = points.length - 1, ys = points.map(p => p[1]);
+  if (!first) return [last];
+  const most = [last, 0, ys.lastIndexOf(Math.max(...ys)), ys.lastIndexOf(Math.min(...ys))];
+  return [...new Set(alone && points.length <= 12 ? [...most, ...points.keys()] : most)];
+}
+// A line chart, its y axis fitted to the data (no range forced on it), the lowest and highest values marked on it.
+function chart(spec, parent) {
+  const box = el("div", "chart", null, parent); box.dataset.chart = spec.key;
+  el("h3", null, spec.title, box);
+  const series = spec.series.filter(s => s.points.length), pts = series.flatMap(s => s.points);
   if (!pts.length) { el("p", "muted", "not logged in this run", box); return box; }
-  const W = 330, H = 170, L = 48, R = 8, T = 8, B = 22;
-  let [x0, x1] = [Math.min(...pts.map(p => p[0])), Math.max(...pts.map(p => p[0]))];
-  let [y0, y1] = [Math.min(...pts.map(p => p[1]), ...(range || [])), Math.max(...pts.map(p => p[1]), ...(range || []))];
+  const W = 330, H = 170, L = 48, R = 16, T = 14, B = 22;
+  let [x0, x1] = extent(pts.map(p => p[0]));
+  const [lo, hi] = extent(pts.map(p => p[1]));
   if (x0 === x1) { x0 -= 1; x1 += 1; }
-  if (y0 === y1) { y0 -= Math.abs(y0) * 0.1 || 1; y1 += Math.abs(y1) * 0.1 || 1; }
+  const pad = (hi - lo) * 0.1 || Math.abs(hi) * 0.1 || 0.1, y0 = lo - pad, y1 = hi + pad;  // room for the labels
   const X = x => L + (x - x0) / (x1 - x0) * (W - L - R), Y = y => T + (y1 - y) / (y1 - y0) * (H - T - B);
   const s = sv("svg", {width: W, height: H, viewBox: "0 0 " + W + " " + H}, box);
   sv("line", {x1: L, y1: H - B, x2: W - R, y2: H - B, stroke: "#999"}, s);
   sv("line", {x1: L, y1: T, x2: L, y2: H - B, stroke: "#999"}, s);
-  const label = (x, y, text, anchor) =>
-    sv("text", {x: x, y: y, "font-size": 10, "text-anchor": anchor, fill: "#555"}, s).textContent = text;
-  label(L - 3, T + 8, fmt(y1), "end"); label(L - 3, H - B, fmt(y0), "end");
+  const label = (x, y, text, anchor, parent, cls) => sv("text", {x: x, y: y, "font-size": cls ? 9 : 10,
+    "text-anchor": anchor, fill: cls ? "#333" : "#555", class: cls || "axis"}, parent || s).textContent = text;
+  for (const y of lo === hi ? [lo] : [lo, hi]) {  // the data's lowest and highest values, with a faint line across
+    sv("line", {x1: L, y1: Y(y), x2: W - R, y2: Y(y), stroke: "#eee"}, s);
+    label(L - 3, Y(y) + 3, fmt(y), "end");
+  }
   label(L, H - 6, "step " + fmt(x0), "start"); label(W - R, H - 6, fmt(x1), "end");
   const cur = steps[+$("step").value];
   if (cur && cur.step >= x0 && cur.step <= x1)
     sv("line", {x1: X(cur.step), y1: T, x2: X(cur.step), y2: H - B, stroke: "#bbb", "stroke-dasharray": "3 3", class: "cursor"}, s);
-  const legend = el("div", "legend", null, box);
-  series.forEach((ser, i) => {
+  const legend = el("div", "legend", null, box), placed = [];
+  // a value label is written only where it covers no other: curves that meet (a term equal to the total) say it once
+  const free = (x, y, text, anchor) => {
+    const w = text.length * 5 + 4, mid = anchor === "start" ? x + w / 2 : anchor === "end" ? x - w / 2 : x;
+    if (placed.some(([px, py, pw]) => Math.abs(px - mid) < (pw + w) / 2 && Math.abs(py - y) < 10)) return false;
+    placed.push([mid, y, w]);
+    return true;
+  };
+  spec.series.forEach((ser, i) => {
     const colour = COLOURS[i % COLOURS.length];
     const g = sv("g", {"data-series": ser.key}, s);
-    sv("polyline", {points: ser.points.map(p => X(p[0]) + "," + Y(p[1])).join(" "), fill: "none", stroke: colour, "stroke-width": 1.5}, g);
-    for (const [x, y] of ser.points) {
+    sv("polyline", {points: ser.points.map(p => X(p[0]) + "," + Y(p[1])).join(" "), fill: "none", stroke: colour,
+      "stroke-width": 1.5, ...(ser.dashed ? {"stroke-dasharray": "5 3"} : {})}, g);
+    for (const [x, y, note] of ser.points) {
       const c = sv("circle", {cx: X(x), cy: Y(y), r: 2.5, fill: colour, class: "pt", "data-step": x}, g);
-      sv("title", {}, c).textContent = ser.label + " at step " + x + ": " + fmt(y);
+      sv("title", {}, c).textContent = ser.label + " at step " + x + ": " + fmt(y) + (note ? " (" + note + ")" : "");
       c.addEventListener("click", () => selectStep(x));
     }
+    for (const j of marked(ser.points, i === 0, spec.series.length === 1)) {
+      const [x, y] = ser.points[j], ty = Y(y) < T + 10 ? Y(y) + 11 : Y(y) - 4;
+      const anchor = X(x) < L + 15 ? "start" : X(x) > W - R - 15 ? "end" : "middle";
+      if (free(X(x), ty, fmt(y), anchor)) label(X(x), ty, fmt(y), anchor, g, "val");
+    }
     const item = el("span", null, null, legend);
-    el("span", "swatch", null, item).style.background = colour;
-    item.appendChild(document.createTextNode(ser.label));
+    const swatch = el("span", "swatch" + (ser.dashed ? " dashed" : ""), null, item);
+    swatch.style[ser.dashed ? "borderColor" : "background"] = colour;
+    words(item, ser.label);
   });
   return box;
 }
 const CHARTS = curves();
 function drawCharts() {
   $("charts").textContent = "";
-  for (const [key, title, series, range] of CHARTS) chart(key, title, series, $("charts"), range);
+  for (const spec of CHARTS) chart(spec, $("charts"));
   const other = el("div", "chart", null, $("charts")); other.dataset.chart = "other";
   const sel = el("select", null, null, el("label", null, "Any scalar: ", other));
   for (const n of names) el("option", null, n, sel).value = n;
-  sel.value = drawCharts.other || (names.includes("train/loss") ? "train/loss" : names[0]) || "";
+  // a quantity a reader learns from first, not the loss (about 0 in GRPO whatever the policy does)
+  sel.value = drawCharts.other
+    || ["rollout/accuracy", "train/entropy", "rollout/reward_mean"].find(n => names.includes(n)) || names[0] || "";
   const redraw = () => { drawCharts.other = sel.value; const old = other.querySelector(".chart"); if (old) old.remove();
-    chart("scalar", sel.value, [{key: "scalar", label: sel.value, points: scalar(sel.value)}], other); };
+    chart({key: "scalar", title: sel.value, series: [{key: "scalar", label: sel.value, points: scalar(sel.value)}]},
+      other); };
   sel.addEventListener("change", redraw); redraw();
 }
 
@@ -634,10 +764,42 @@ for (let i = 0; i < steps.length; i++)
   el("option", null, "step " + steps[i].step + (steps[i].tokens_left_out ? " (tokens left out)" : "")
     + (steps[i].groups_left_out ? " (groups left out)" : ""), $("step")).value = i;
 $("step").value = steps.length - 1;
-const hasKL = steps.some(s => (s.groups || []).some(g => (g.completions || []).some(c => Array.isArray(c.kl))));
-const MODES = [["adv_ratio", "advantage \\u00d7 ratio"], ["ratio", "ratio \\u03c1 = \\u03c0\\u03b8 / \\u03c0old"],
+const logged = name => steps.some(s => completionsOf(s).some(c => Array.isArray(c[name])));
+const hasKL = logged("kl"), hasNew = logged("logp_new");
+const MODES = [...(hasNew ? [["change", "change under the update: log \\u03c0new \\u2212 log \\u03c0old"]] : []),
+  ["adv_ratio", "advantage \\u00d7 ratio"], ["ratio", "ratio \\u03c1 = \\u03c0\\u03b8 / \\u03c0old"],
   ["clipped", "clipped or not"], ...(hasKL ? [["kl", "KL to \\u03c0ref (k3)"]] : []), ["logp", "log-prob under \\u03c0old"]];
 for (const [v, t] of MODES) el("option", null, t, $("colour")).value = v;
+const firstMode = hasNew ? "change" : "adv_ratio";  // what the update did, where the log holds it
+$("colour").value = firstMode;
+const ONE_UPDATE = "With one update per step the policy that is trained is the one that sampled, so the ratio is "
+  + "exactly 1 and the clip cannot act; see the change view for what the update did.";
+// Whether a step's update was its only one: the run record says (epochs per step x updates per step); an older log
+// does not, and then its ratios say (all exactly 1).
+function oneUpdate(step) {
+  const n = updatesOf(runAt(step.step));
+  if (n !== null) return n === 1;
+  let seen = false;
+  for (const c of completionsOf(step)) for (const r of list(c.ratio)) {
+    if (!isNum(r)) continue;
+    if (r !== 1) return false;
+    seen = true;
+  }
+  return seen;
+}
+// The ratio and clip views show nothing where the ratio is 1 at every token: greyed out, and the reason said.
+function ratioModes(step) {
+  const one = !!step && oneUpdate(step), sel = $("colour");
+  for (const o of sel.options) {
+    if (o.value === "ratio" || o.value === "clipped") o.disabled = one;
+    if (o.value === "adv_ratio")
+      o.textContent = one ? "advantage (\\u00d7 the ratio, 1 here)" : "advantage \\u00d7 ratio";
+  }
+  $("ratio-note").hidden = !one;
+  $("ratio-note").textContent = one ? ONE_UPDATE + (hasNew ? "" : " This log holds no log-probs after the update "
+    + "(logp_new), so it has no change view.") : "";
+  if (sel.selectedOptions.length && sel.selectedOptions[0].disabled) sel.value = firstMode;
+}
 function selectStep(stepNumber) {
   const i = steps.findIndex(s => s.step === stepNumber);
   if (i >= 0) { $("step").value = i; render(); }
@@ -655,21 +817,33 @@ $("next").addEventListener("click", () => move(1));
 const diverging = x => x >= 0 ? "rgba(37,99,235," + Math.min(x, 1) * 0.8 + ")" : "rgba(220,38,38," + Math.min(-x, 1) * 0.8 + ")";
 const sequential = x => "rgba(126,34,206," + Math.max(0, Math.min(x, 1)) * 0.75 + ")";
 function scales(step) {
-  const s = {ar: 0, kl: 0, logp: 0, ratio: runAt(step.step).clip_eps || 0.2};
-  for (const g of step.groups || []) for (const c of g.completions || []) {
-    (c.ratio || []).forEach((r, t) => { if (isNum(r) && isNum(c.advantage)) s.ar = Math.max(s.ar, Math.abs(c.advantage * r)); });
-    (c.kl || []).forEach(k => { if (isNum(k)) s.kl = Math.max(s.kl, k); });
-    (c.logp_old || []).forEach(l => { if (isNum(l)) s.logp = Math.max(s.logp, -l); });
+  const s = {ar: 0, kl: 0, logp: 0, change: 0, ratio: runAt(step.step).clip_eps || 0.2};
+  for (const c of completionsOf(step)) {
+    list(c.ratio).forEach(r => {
+      if (isNum(r) && isNum(c.advantage)) s.ar = Math.max(s.ar, Math.abs(c.advantage * r));
+    });
+    list(c.kl).forEach(k => { if (isNum(k)) s.kl = Math.max(s.kl, k); });
+    list(c.logp_old).forEach((l, t) => {
+      if (!isNum(l)) return;
+      s.logp = Math.max(s.logp, -l);
+      const n = at(c.logp_new, t);
+      if (n !== null) s.change = Math.max(s.change, Math.abs(n - l));
+    });
   }
   return s;
 }
 function legend(mode, sc) {
   const box = $("legend"); box.textContent = "";
   const item = (cls, colour, text) => { const i = el("span", null, null, box); const sw = el("span", "swatch " + cls, null, i);
-    if (colour) sw.style.background = colour; i.appendChild(document.createTextNode(text)); };
+    if (colour) sw.style.background = colour; words(i, text); };
   if (mode === "clipped") {
     item("tok clip-hi", null, "clipped high (\\u03c1 > 1+\\u03b5, A > 0)");
     item("tok clip-lo", null, "clipped low (\\u03c1 < 1\\u2212\\u03b5, A < 0)");
+  } else if (mode === "change") {
+    item("", diverging(1), "+" + fmt(sc.change) + " (likelier after the update)");
+    item("", diverging(-1), "\\u2212" + fmt(sc.change) + " (less likely)");
+    words(el("span", "muted", null, box),
+      "scale: this step's largest |log \\u03c0new \\u2212 log \\u03c0old|, " + fmt(sc.change));
   } else if (mode === "adv_ratio") {
     item("", diverging(1), "A\\u00b7\\u03c1 = +" + fmt(sc.ar)); item("", diverging(-1), "\\u2212" + fmt(sc.ar));
   } else if (mode === "ratio") {
@@ -684,13 +858,15 @@ function tokenSpan(c, t, mode, sc) {
   if (Array.isArray(c.action) && c.action[t] === 0) {
     s.classList.add("ctx"); s.title = "context: not chosen by the policy"; return s;
   }
-  const r = at(c.ratio, t), lp = at(c.logp_old, t), cl = at(c.clipped, t), kl = at(c.kl, t);
-  const A = isNum(c.advantage) ? c.advantage : null;
+  const r = at(c.ratio, t), lp = at(c.logp_old, t), cl = at(c.clipped, t), kl = at(c.kl, t), lpn = at(c.logp_new, t);
+  const A = isNum(c.advantage) ? c.advantage : null, change = lp !== null && lpn !== null ? lpn - lp : null;
   s.title = "A " + fmt(A) + ", \\u03c1 " + fmt(r) + ", log \\u03c0old " + fmt(lp) + (kl !== null ? ", KL " + fmt(kl) : "")
+    + (change !== null ? ", p " + prob(lp) + " \\u2192 " + prob(lpn) + " (log-prob " + signed(change) + ")" : "")
     + (cl === 1 ? ", clipped high" : cl === -1 ? ", clipped low" : "");
   s.dataset.clipped = cl === null ? "" : cl;
   let colour = null;
   if (mode === "clipped") { if (cl === 1) s.classList.add("clip-hi"); else if (cl === -1) s.classList.add("clip-lo"); }
+  else if (mode === "change" && change !== null) colour = diverging(sc.change ? change / sc.change : 0);
   else if (mode === "adv_ratio" && r !== null && A !== null) colour = diverging(sc.ar ? A * r / sc.ar : 0);
   else if (mode === "ratio" && r !== null) colour = diverging((r - 1) / sc.ratio);
   else if (mode === "kl" && kl !== null) colour = sequential(sc.kl ? kl / sc.kl : 0);
@@ -699,13 +875,14 @@ function tokenSpan(c, t, mode, sc) {
   if ((mode === "clipped" && cl === null) || (mode !== "clipped" && colour === null)) s.classList.add("na");
   return s;
 }
-function completion(c, mode, sc, parent, rank) {
+function completion(c, ci, mode, sc, parent, rank) {
   const box = el("div", "completion", null, parent); box.dataset.advantage = isNum(c.advantage) ? c.advantage : "";
+  box.dataset.ci = ci;  // its place in the group as sampled: what Find links to
   const meta = el("div", "meta", null, box);
   el("span", "muted", "#" + rank + " ", meta);
   el("b", null, "advantage " + signed(c.advantage), meta);
-  meta.appendChild(document.createTextNode(" \\u00b7 reward " + fmt(c.reward) + " \\u00b7 "
-    + Object.entries(c.terms || {}).map(([k, v]) => k + " " + fmt(v)).join(", ") + (c.truncated ? " \\u00b7 truncated at the budget" : "")));
+  words(meta, " \\u00b7 reward " + fmt(c.reward) + " \\u00b7 " + Object.entries(c.terms || {}).map(([k, v]) => k + " "
+    + fmt(v)).join(", ") + (c.truncated ? " \\u00b7 truncated at the budget" : ""));
   if (Array.isArray(c.tokens)) {
     const toks = el("div", "tokens", null, box);
     for (let t = 0; t < c.tokens.length; t++) toks.appendChild(tokenSpan(c, t, mode, sc));
@@ -716,35 +893,182 @@ function completion(c, mode, sc, parent, rank) {
     el("pre", null, c.text, box);
     el("div", "muted", "per-token values left out of this page", box);
   }
+  return box;
+}
+
+// The learning signal: which completions carry a gradient. A_i = (r_i - mean) / (std + eps) within a group, so a
+// group whose rewards are equal has A = 0 everywhere and adds nothing to the loss (but for the KL term).
+const std = xs => { const m = xs.reduce((a, b) => a + b, 0) / xs.length;
+  return xs.length > 1 ? Math.sqrt(xs.reduce((a, x) => a + (x - m) * (x - m), 0) / (xs.length - 1)) : 0; };
+function groupStats(g) {
+  const cs = list(g.completions), parts = [];
+  if (cs.some(c => isNum((c.terms || {}).correctness)))  // right: correctness 1, as the held-out accuracy counts
+    parts.push(cs.filter(c => (c.terms || {}).correctness === 1).length + " right of " + cs.length);
+  const rs = cs.map(c => c.reward).filter(isNum);
+  if (rs.length) {
+    const hi = Math.max(...rs), lo = Math.min(...rs);
+    parts.push("reward spread " + fmt(hi - lo) + " (std " + fmt(std(rs)) + ")");
+    const adv = r => { const c = cs.find(c => c.reward === r && isNum(c.advantage)); return c ? c.advantage : null; };
+    parts.push(hi > lo ? "A+ " + signed(adv(hi)) + " (reward " + fmt(hi) + "), A\\u2212 " + signed(adv(lo))
+      + " (reward " + fmt(lo) + ")" : "every A = 0");
+  }
+  return parts.join(" \\u00b7 ");
+}
+// a completion's own tokens (action 1: not context); null where the page holds no tokens of it
+const tokensOf = c => Array.isArray(c.action) ? c.action.filter(a => a === 1).length
+  : Array.isArray(c.tokens) ? c.tokens.length : null;
+function tokenCount(cs) {
+  const counts = cs.map(tokensOf);
+  return counts.includes(null) ? null : counts.reduce((a, b) => a + b, 0);
+}
+// The step's line: the share of completions and tokens with a gradient (the scalars cover the whole step; the logged
+// groups may be some of it), or that it had none.
+function signal(step) {
+  const box = $("signal"), s = step.scalars || {}, gs = list(step.groups), live = gs.filter(g => !g.rewards_equal);
+  const zero = s["rollout/zero_spread_groups"], cws = s["rollout/completions_with_signal"];
+  const tws = s["rollout/tokens_with_signal"];
+  const whole = isNum(zero) || isNum(cws);
+  if (whole ? zero === 1 || cws === 0 : gs.length > 0 && !live.length) {
+    box.className = "note nograd-step";
+    box.textContent = "No gradient " + (whole ? "this step" : "in the logged groups") + ": every group's rewards were "
+      + "equal, so every advantage is 0" + (klOn(step) ? "; only the KL term to \\u03c0ref pulls on the weights."
+        : ". (AdamW's momentum from earlier steps may still move the weights.)");
+    return;
+  }
+  const parts = [];
+  if (isNum(cws))
+    parts.push(pct(cws) + " of the step's completions" + (isNum(tws) ? " and " + pct(tws) + " of their tokens" : "")
+      + " carried a gradient");
+  else if (isNum(zero)) parts.push(pct(1 - zero) + " of the step's groups had rewards that differ");
+  if (gs.length) {
+    const all = gs.flatMap(g => list(g.completions)), some = live.flatMap(g => list(g.completions));
+    const tokens = tokenCount(all);
+    parts.push("of the " + gs.length + " logged groups, " + live.length + " had rewards that differ: " + some.length
+      + " of " + all.length + " completions" + (tokens ? ", " + tokenCount(some) + " of " + tokens + " tokens" : ""));
+  }
+  box.className = "signal";
+  box.textContent = parts.length ? "Learning signal: " + parts.join("; ") + "." : "";
+}
+
+// Where each prompt was drawn: a prompt drawn at several steps links to its other draws.
+const DRAWS = new Map();
+steps.forEach((s, i) => list(s.groups).forEach(g => {
+  if (typeof g.prompt !== "string") return;
+  if (!DRAWS.has(g.prompt)) DRAWS.set(g.prompt, []);
+  DRAWS.get(g.prompt).push([i, g.index]);
+}));
+function drawnElsewhere(g, stepIndex, parent) {
+  const others = (DRAWS.get(g.prompt) || []).filter(([i]) => i !== stepIndex);
+  if (!others.length) return;
+  const line = el("div", "drawn", "also drawn at step" + (others.length > 1 ? "s " : " "), parent);
+  others.forEach(([i, index], n) => {
+    if (n) words(line, ", ");
+    el("button", "link", steps[i].step, line).addEventListener("click", () => jumpTo(i, index));
+  });
+}
+function flash(e) {
+  e.scrollIntoView({block: "center"});
+  e.classList.add("flash");
+  setTimeout(() => e.classList.remove("flash"), 2500);
+}
+// Open a step's group (and one of its completions, ci), filters cleared: they must not hide what was asked for.
+function jumpTo(stepIndex, index, ci) {
+  for (const id of Object.keys(FILTERS)) $(id).value = "all";
+  $("step").value = stepIndex; render();
+  const gb = [...document.querySelectorAll("#groups .group")].find(e => e.dataset.index === String(index));
+  if (!gb) return;
+  gb.open = true;
+  const c = ci === undefined ? null : [...gb.querySelectorAll(".completion")].find(e => e.dataset.ci === String(ci));
+  flash(c || gb);
+}
+
+// Filters on the groups: completions by reward, advantage sign and cut at the budget; a group with none left is hidden.
+const FILTERS = {
+  "f-reward": {rewarded: c => isNum(c.reward) && c.reward > 0, unrewarded: c => !(isNum(c.reward) && c.reward > 0)},
+  "f-adv": {pos: c => isNum(c.advantage) && c.advantage > 0, neg: c => isNum(c.advantage) && c.advantage < 0,
+    zero: c => c.advantage === 0},
+  "f-cut": {cut: c => c.truncated === true, whole: c => c.truncated !== true}};
+let drawn = [];  // the groups drawn: {box, g, completions: [{box, c}]}
+function filter() {
+  const tests = Object.entries(FILTERS).map(([id, t]) => t[$(id).value]).filter(Boolean);
+  let kept = 0, all = 0;
+  for (const d of drawn) {
+    let n = 0;
+    for (const {box, c} of d.completions) { box.hidden = !tests.every(t => t(c)); n += !box.hidden; }
+    d.box.hidden = tests.length > 0 && n === 0;
+    if (tests.length && n) d.box.open = true;  // a match is shown, even in a group folded for having no gradient
+    kept += n; all += d.completions.length;
+  }
+  $("filter-count").textContent = tests.length ? kept + " of " + all + " completions shown" : "";
+}
+for (const id of Object.keys(FILTERS)) $(id).addEventListener("change", filter);
+function foldLabel() {
+  $("unfold").textContent = drawn.some(d => !d.box.open) ? "unfold every group" : "fold the groups without a gradient";
+}
+$("unfold").addEventListener("click", () => {
+  const open = drawn.some(d => !d.box.open);
+  for (const d of drawn) d.box.open = open || !d.g.rewards_equal;
+  foldLabel();
+});
+$("adv-note").textContent = "A group's advantages sum to zero: A_i = (r_i \\u2212 mean) / (std + eps) over its "
+  + "completions, "
+  + "so a group whose rewards are all equal has every A_i = 0 and trains nothing"
+  + (runs.some(r => isNum(r.kl_weight) && r.kl_weight > 0) ? " (but for the KL term)" : "")
+  + ". Such groups are folded; a click unfolds one.";
+
+// a group's completions, each with its place as sampled, highest advantage first (the rank the page shows)
+function byAdvantage(g) {
+  const adv = c => isNum(c.advantage) ? c.advantage : -1e300;
+  return list(g.completions).map((c, ci) => [c, ci]).sort((a, b) => adv(b[0]) - adv(a[0]));
+}
+function groupBox(g, stepIndex, mode, sc, parent) {
+  const gb = el("details", "group", null, parent); gb.dataset.index = g.index;
+  gb.open = !g.rewards_equal;  // a group without a gradient trains nothing: folded, one click away
+  gb.addEventListener("toggle", foldLabel);
+  const head = el("summary", null, null, gb);
+  const h = el("h3", null, "Group " + g.index, head);
+  if (g.rewards_equal) el("span", "nograd", "no gradient: all rewards equal", h);
+  el("span", "gstats", groupStats(g), head);
+  drawnElsewhere(g, stepIndex, gb);
+  if (g.question !== undefined && g.question !== g.prompt) {
+    const q = el("div", null, null, gb); el("span", "muted", "question: ", q); el("span", "question", g.question, q);
+  }
+  const p = el("div", null, null, gb); el("span", "muted", "answer: ", p); el("span", "answer", g.answer, p);
+  el("pre", "prompt", g.prompt, gb);
+  const completions = byAdvantage(g).map(([c, ci], rank) => ({box: completion(c, ci, mode, sc, gb, rank + 1), c: c}));
+  drawn.push({box: gb, g: g, completions: completions});
 }
 function renderGroups() {
-  const step = steps[+$("step").value], mode = $("colour").value, box = $("groups");
-  box.textContent = "";
-  if (!step) { $("groups-title").textContent = "Groups"; el("p", "muted", "No step logged yet.", box); return; }
-  const sc = scales(step); legend(mode, sc);
-  const groups = step.groups || [];
-  $("groups-title").textContent = "Step " + step.step + ": " + groups.length + " group" + (groups.length === 1 ? "" : "s")
-    + " logged, completions sorted by advantage";
-  if (step.groups_left_out) el("p", "note", "This step's groups were left out to keep the page small; its curves stay.", box);
-  for (const g of groups) {
-    const gb = el("div", "group", null, box); gb.dataset.index = g.index;
-    const h = el("h3", null, "Group " + g.index, gb);
-    if (g.rewards_equal) el("span", "nograd", "no gradient: all rewards equal", h);
-    if (g.question !== undefined && g.question !== g.prompt) {
-      const q = el("div", null, null, gb); el("span", "muted", "question: ", q); el("span", "question", g.question, q);
-    }
-    const p = el("div", null, null, gb); el("span", "muted", "answer: ", p); el("span", "answer", g.answer, p);
-    el("pre", "prompt", g.prompt, gb);
-    const adv = c => isNum(c.advantage) ? c.advantage : -1e300;
-    const cs = (g.completions || []).slice().sort((a, b) => adv(b) - adv(a));
-    cs.forEach((c, i) => completion(c, mode, sc, gb, i + 1));
+  const step = steps[+$("step").value], box = $("groups");
+  box.textContent = ""; drawn = [];
+  ratioModes(step);
+  const mode = $("colour").value;
+  if (!step) {
+    $("groups-title").textContent = "Groups"; $("signal").textContent = "";
+    el("p", "muted", "No step logged yet.", box); foldLabel(); return;
   }
+  const sc = scales(step); legend(mode, sc);
+  const groups = list(step.groups), folded = groups.filter(g => g.rewards_equal).length;
+  $("groups-title").textContent = "Step " + step.step + ": " + groups.length + " group" + (groups.length === 1 ? "" : "s")
+    + " logged" + (folded ? " (" + folded + " without a gradient, folded)" : "") + ", completions sorted by advantage";
+  signal(step);
+  if (step.groups_left_out) el("p", "note", "This step's groups were left out to keep the page small; its curves stay.", box);
+  for (const g of groups) groupBox(g, +$("step").value, mode, sc, box);
+  filter(); foldLabel();
+}
+
+// The held-out evaluation at or before the selected step (or the one a Find result opened), right and wrong.
+let pinned = null;
+function faithfulness(c, parent) {  // tiny_grpo/skill.py's check, where the task has one
+  if (c.correct && typeof c.faithful === "boolean")
+    el("div", c.faithful ? "faithful" : "unfaithful", c.faithful ? "its reasoning computes this answer"
+      : "its reasoning does not compute this answer (right by a guess, or by false steps)", parent);
 }
 function renderEval() {
   const step = steps[+$("step").value], box = $("eval");
   box.textContent = "";
   const limit = step ? step.step : Infinity;
-  const ev = evals.filter(e => e.step <= limit).pop();
+  const ev = pinned !== null ? evals[pinned] : evals.filter(e => e.step <= limit).pop();
   if (!ev) {
     $("eval-title").textContent = "Held-out evaluation";
     el("p", "muted", "No held-out evaluation at or before this step.", box);
@@ -752,28 +1076,192 @@ function renderEval() {
   }
   $("eval-title").textContent = "Held-out evaluation at step " + ev.step + ": "
     + Object.entries(ev.metrics || {}).map(([k, v]) => k + " " + fmt(v)).join(", ");
+  if (pinned !== null) el("p", "muted", "Opened from Find; choosing a step shows the evaluation at or before it.", box);
   if (ev.completions_left_out) { el("p", "note", "Its completions were left out to keep the page small.", box); return; }
-  const cols = el("div", "cols", null, box), cs = ev.completions || [];
+  const cols = el("div", "cols", null, box), cs = list(ev.completions).map((c, ci) => [c, ci]);
   for (const [ok, title] of [[false, "Wrong"], [true, "Right"]]) {
-    const col = el("div", ok ? "right-col" : "wrong-col", null, cols), these = cs.filter(c => !!c.correct === ok);
+    const col = el("div", ok ? "right-col" : "wrong-col", null, cols), these = cs.filter(([c]) => !!c.correct === ok);
     el("h3", ok ? "right" : "wrong", title + " (" + these.length + ")", col);
-    for (const c of these) {
-      const e = el("div", "ev", null, col);
+    for (const [c, ci] of these) {
+      const e = el("div", "ev", null, col); e.dataset.ci = ci;
       if (c.question !== undefined && c.question !== c.prompt) {  // the question, the whole prompt one click away
         el("div", "question", c.question, e);
         const d = el("details", null, null, e); el("summary", "muted", "prompt", d); el("pre", "prompt", c.prompt, d);
       } else el("pre", "prompt", c.prompt, e);
       const a = el("div", null, null, e); el("span", "muted", "answer: ", a); el("span", "answer", c.answer, a);
+      el("span", "muted", " \\u00b7 given: ", a); el("span", "given", answerOf(c.text) ?? "(no <answer>)", a);
       el("pre", "text", c.text, e);
-      if (ok && typeof c.faithful === "boolean")  // tiny_grpo/skill.py's check, where the task has one
-        el("div", c.faithful ? "faithful" : "unfaithful", c.faithful ? "its reasoning computes this answer"
-          : "its reasoning does not compute this answer (right by a guess, or by false steps)", e);
+      faithfulness(c, e);
       el("div", "meta muted", Object.entries(c.terms || {}).map(([k, v]) => k + " " + fmt(v)).join(", "), e);
     }
   }
 }
-function render() { header(); drawCharts(); renderGroups(); renderEval(); }
+function jumpToEval(i, ci) {
+  pinned = i; renderEval();
+  const e = [...document.querySelectorAll("#eval .ev")].find(x => x.dataset.ci === String(ci));
+  flash(e || $("eval-title"));
+}
+
+// Two held-out evaluations side by side: the questions gained (wrong -> right) and lost (right -> wrong) between
+// them, and the answers each gave against the true answers.
+const accuracyOf = e => isNum((e.metrics || {})["eval/accuracy"]) ? e.metrics["eval/accuracy"]
+  : list(e.completions).length ? list(e.completions).filter(c => c.correct).length / e.completions.length : null;
+evals.forEach((e, i) => { for (const id of ["eval-a", "eval-b"])
+  el("option", null, "step " + e.step + " (accuracy " + fmt(accuracyOf(e)) + ")", $(id)).value = i; });
+$("eval-a").value = 0; $("eval-b").value = evals.length - 1;
+const questionOf = c => typeof c.question === "string" && c.question !== "" ? c.question : String(c.prompt);
+function keyed(ev) {  // each completion by its question (the n-th of a question asked n times)
+  const seen = new Map(), out = new Map();
+  for (const c of list(ev.completions)) {
+    const q = questionOf(c), n = (seen.get(q) || 0) + 1;
+    seen.set(q, n); out.set(q + "\\u0000" + n, c);
+  }
+  return out;
+}
+function changes(parent, cls, title, pairs, a, b) {
+  const col = el("div", cls, null, parent);
+  el("h3", cls === "gained" ? "right" : "wrong", title + " (" + pairs.length + ")", col);
+  const box = el("div", "changes", null, col);
+  if (!pairs.length) el("p", "muted", "none", box);
+  for (const [ca, cb] of pairs) {
+    const e = el("div", "ev", null, box);
+    el("div", "question", questionOf(ca), e);
+    const t = el("div", "meta", null, e); el("span", "muted", "true answer: ", t); el("span", "answer", ca.answer, t);
+    for (const [ev, c] of [[a, ca], [b, cb]]) {
+      const d = el("div", "said", null, e);
+      el("span", c.correct ? "right" : "wrong", "step " + ev.step + (c.correct ? ", right: " : ", wrong: "), d);
+      el("span", "given", answerOf(c.text) ?? "(no <answer>)", d);
+      faithfulness(c, d);
+      el("pre", "text", c.text, d);
+    }
+  }
+}
+const isNumber = x => typeof x === "string" && /^-?\\d+(\\.\\d+)?$/.test(x);
+const tens = xs => { const ns = xs.filter(isNumber); return [ns.filter(x => Number(x) % 10 === 0).length, ns.length]; };
+function countOf(xs) {
+  const m = new Map();
+  for (const x of xs) m.set(x, (m.get(x) || 0) + 1);
+  return m;
+}
+// The answers an evaluation gave against the true answers: the most frequent given, each beside how often it is the
+// true answer; and the share of multiples of 10 among each (a guess of round numbers shows there).
+function histogram(ev, parent) {
+  const box = el("div", "hist", null, parent); box.dataset.step = ev.step;
+  el("h3", null, "Answers given at step " + ev.step + " against the true answers", box);
+  if (ev.completions_left_out) {
+    el("p", "muted", "Its completions were left out to keep the page small.", box);
+    return;
+  }
+  const cs = list(ev.completions), given = cs.map(c => answerOf(c.text));
+  const truth = cs.map(c => typeof c.answer === "string" ? c.answer.trim() : null);
+  const G = countOf(given), T = countOf(truth);
+  const top = [...G].sort((p, q) => q[1] - p[1]).slice(0, 12);
+  el("p", "meta", cs.length + " answers, " + G.size + " different; the most frequent given:", box);
+  const most = Math.max(1, ...top.map(([v, n]) => Math.max(n, T.get(v) || 0)));
+  const W = 40 + top.length * 40, H = 150, B = 30, S = (H - B - 14) / most;
+  const s = sv("svg", {width: W, height: H, viewBox: "0 0 " + W + " " + H}, box);
+  sv("line", {x1: 30, y1: H - B, x2: W, y2: H - B, stroke: "#999"}, s);
+  sv("text", {x: 26, y: 18, "font-size": 9, "text-anchor": "end", fill: "#555"}, s).textContent = String(most);
+  top.forEach(([value, n], i) => {
+    const name = value === null ? "(none)" : value, truths = T.get(value) || 0, x = 36 + i * 40;
+    const g = sv("g", {class: "bin", "data-answer": name, "data-given": n, "data-true": truths}, s);
+    sv("title", {}, g).textContent = name + ": given " + n + " times, the true answer " + truths + " times";
+    sv("rect", {x: x, y: H - B - n * S, width: 15, height: n * S, fill: "#1f77b4", class: "given-bar"}, g);
+    sv("rect", {x: x + 16, y: H - B - truths * S, width: 15, height: truths * S, fill: "#9ca3af", class: "true-bar"},
+      g);
+    const tally = sv("text", {x: x + 15, y: H - B - n * S - 2, "font-size": 9, "text-anchor": "middle", fill: "#333"},
+      g);
+    tally.textContent = String(n);
+    sv("text", {x: x + 15, y: H - B + 11, "font-size": 9, "text-anchor": "middle", fill: "#333"}, g).textContent =
+      name.length > 6 ? name.slice(0, 5) + "\\u2026" : name;
+  });
+  const key = el("div", "legend", null, box);
+  for (const [colour, text] of [["#1f77b4", "given"], ["#9ca3af", "true answer"]]) {
+    const i = el("span", null, null, key); el("span", "swatch", null, i).style.background = colour; words(i, text);
+  }
+  const [g10, gn] = tens(given), [t10, tn] = tens(truth);
+  el("p", "tens meta", "Multiples of 10: " + g10 + " of the " + gn + " answers given that are numbers ("
+    + pct(gn ? g10 / gn : null) + "); " + t10 + " of the " + tn + " true answers (" + pct(tn ? t10 / tn : null) + ").",
+    box);
+}
+function renderCompare() {
+  const box = $("compare");
+  box.textContent = "";
+  if (!evals.length) { el("p", "muted", "No held-out evaluation logged.", box); return; }
+  const a = evals[+$("eval-a").value], b = evals[+$("eval-b").value];
+  if (a.completions_left_out || b.completions_left_out)
+    el("p", "note", "The completions of one of these evaluations were left out to keep the page small.", box);
+  else if (a === b) el("p", "muted", "The same evaluation twice: pick two to see what changed between them.", box);
+  else {
+    const A = keyed(a), B = keyed(b), gained = [], lost = [];
+    let both = 0;
+    for (const [k, ca] of A) {
+      const cb = B.get(k);
+      if (!cb) continue;
+      both++;
+      if (!ca.correct && cb.correct) gained.push([ca, cb]);
+      if (ca.correct && !cb.correct) lost.push([ca, cb]);
+    }
+    el("p", "compare-summary", "From step " + a.step + " to step " + b.step + ": accuracy " + fmt(accuracyOf(a))
+      + " \\u2192 " + fmt(accuracyOf(b)) + "; of the " + both + " questions asked at both, " + gained.length
+      + " gained (wrong \\u2192 right), " + lost.length + " lost (right \\u2192 wrong).", box);
+    const cols = el("div", "cols", null, box);
+    changes(cols, "gained", "Gained: wrong at step " + a.step + ", right at step " + b.step, gained, a, b);
+    changes(cols, "lost", "Lost: right at step " + a.step + ", wrong at step " + b.step, lost, a, b);
+  }
+  const hists = el("div", "cols", null, box);
+  for (const ev of a === b ? [a] : [a, b]) histogram(ev, el("div", null, null, hists));
+}
+for (const id of ["eval-a", "eval-b"]) $(id).addEventListener("change", renderCompare);
+
+// Find: a text in any prompt or completion, at every step and held-out evaluation; a result opens where it is.
+const MAX_FOUND = 200;
+let corpus = null;  // [{text, lower, where, go}], made at the first search
+function buildCorpus() {
+  corpus = [];
+  const add = (text, where, go) => {
+    if (typeof text === "string" && text) corpus.push({text, lower: text.toLowerCase(), where, go});
+  };
+  steps.forEach((s, i) => list(s.groups).forEach(g => {
+    add(g.prompt, "step " + s.step + ", group " + g.index + ", prompt", () => jumpTo(i, g.index));
+    byAdvantage(g).forEach(([c, ci], rank) => add(c.text, "step " + s.step + ", group " + g.index + ", completion #"
+      + (rank + 1), () => jumpTo(i, g.index, ci)));
+  }));
+  evals.forEach((e, i) => list(e.completions).forEach((c, ci) => {
+    const where = "held-out evaluation at step " + e.step + ", question " + (ci + 1);
+    add(c.prompt, where + ", prompt", () => jumpToEval(i, ci));
+    add(c.text, where + ", completion", () => jumpToEval(i, ci));
+  }));
+}
+function snippet(parent, text, start, length) {
+  const s = el("span", "snippet", null, parent);
+  const from = Math.max(0, start - 40), to = Math.min(text.length, start + length + 40);
+  words(s, (from ? "\\u2026" : "") + text.slice(from, start));
+  el("mark", null, text.slice(start, start + length), s);
+  words(s, text.slice(start + length, to) + (to < text.length ? "\\u2026" : ""));
+}
+function findText() {
+  const q = $("find").value.toLowerCase(), found = $("found");
+  found.textContent = "";
+  if (q.length < 2) { $("find-count").textContent = q ? "type two characters or more" : ""; return; }
+  if (!corpus) buildCorpus();
+  let n = 0;
+  for (const item of corpus) {
+    const start = item.lower.indexOf(q);
+    if (start < 0 || ++n > MAX_FOUND) continue;
+    const li = el("li", null, null, found);
+    el("button", "link", item.where, li).addEventListener("click", item.go);
+    snippet(li, item.text, start, q.length);
+  }
+  $("find-count").textContent = !n ? "not found"
+    : n + " found" + (n > MAX_FOUND ? ", the first " + MAX_FOUND + " listed" : "");
+}
+let typing = null;
+$("find").addEventListener("input", () => { clearTimeout(typing); typing = setTimeout(findText, 200); });
+
+function render() { pinned = null; header(); drawCharts(); renderGroups(); renderEval(); }
 render();
+renderCompare();
 </script>
 </body></html>
 """
