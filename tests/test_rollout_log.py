@@ -72,6 +72,7 @@ def test_a_step_record_holds_each_group_and_token_as_grpo_computed_it(tiny_model
                     if abs(abs(ratio - 1) - 0.01) > 1e-3:  # not at the edge, where 4 digits cannot tell
                         assert side == (1 if high else -1 if low else 0)
                     clipped_sides.add(side)
+        assert record["logp_new_seconds"] > 0  # the extra pass ran, and its cost is recorded
         train_scalars = record["scalars"]
         assert train_scalars["train/clip_low_fraction"] + train_scalars["train/clip_high_fraction"] == pytest.approx(
             train_scalars["train/clip_fraction"], abs=1e-3)
@@ -97,6 +98,7 @@ def test_rows_no_pass_ran_have_no_token_values_and_the_bounds_hold(tiny_model_di
     steps = records(run, "step")
     assert [r["step"] for r in steps] == [2, 4] and all(len(r["groups"]) == 1 for r in steps)
     for record in steps:
+        assert record["logp_new_seconds"] is None  # no row ran, so no extra pass either
         for c in record["groups"][0]["completions"]:
             assert "kl" not in c
             assert c["advantage"] == 0 and record["groups"][0]["rewards_equal"]

@@ -1,7 +1,7 @@
 """The rollout log, LOG_DIR/RUN_NAME/rollouts.jsonl: what each logged step sampled, scored and did to each token, one
 JSON record per line (docs/rollout-log.md), flushed as each step ends. python -m tiny_grpo.view draws it as a page."""
 
-import json, math, os, sys, uuid  # noqa: E401
+import json, math, os, sys, time, uuid  # noqa: E401
 from pathlib import Path
 
 from tiny_grpo.files import write_atomically
@@ -80,7 +80,7 @@ class RolloutLog:
             for j, row in enumerate(rows.tolist()):
                 per_row[row] = {name: values[name][j] for name in TOKEN_VALUES if name in values}
         count = len(tasks) if not self.groups else min(self.groups, len(tasks))
-        self.add_new_log_probs(per_row, count * self.args.group_size, stats.get("new_log_probs"))
+        seconds = self.add_new_log_probs(per_row, count * self.args.group_size, stats.get("new_log_probs"))
         groups = []
         for i in range(count):
             rows = range(i * size, (i + 1) * size)
@@ -89,19 +89,22 @@ class RolloutLog:
                            "answer": str(tasks[i].get("answer", "")), "rewards_equal": max(rewards) == min(rewards),
                            "completions": [self.completion(result, r, advantages, per_row.get(r)) for r in rows]})
         self.write({"kind": "step", "step": step, "scalars": {k: rounded(v) for k, v in scalars.items()
-                                                               if isinstance(v, (int, float))}, "groups": groups})
+                                                               if isinstance(v, (int, float))}, "groups": groups,
+                    "logp_new_seconds": None if seconds is None else rounded(seconds)})
 
     @staticmethod
     def add_new_log_probs(per_row, rows, new_log_probs):
         """log pi_new(a_t | s_t) of each row below `rows` that a pass ran (it has log pi_old), after the step's last
-        update: one more no-grad pass (train_step's new_log_probs), over the logged rows only."""
+        update: one more no-grad pass (train_step's new_log_probs), over the logged rows only. Returns its seconds."""
         ran = [row for row in range(rows) if row in per_row and "logp_old" in per_row[row]]
         if new_log_probs is None or not ran:
-            return
+            return None
         import torch
 
+        started = time.perf_counter()
         for row, values in zip(ran, new_log_probs(torch.tensor(ran))):
             per_row[row]["logp_new"] = values
+        return time.perf_counter() - started
 
     def completion(self, result, row, advantages, values):
         width = result.action_mask.shape[1]
