@@ -65,8 +65,11 @@ def test_a_step_record_holds_each_group_and_token_as_grpo_computed_it(tiny_model
                 assert c["truncated"] == (n == 10)
                 assert all(len(c[name]) == n for name in ("logp_old", "ratio", "clipped", "kl"))
                 assert all(lp <= 0 for lp in c["logp_old"]) and all(k >= 0 for k in c["kl"])
-                assert len(c["logp_new"]) == n and all(lp <= 0 for lp in c["logp_new"])  # pi_new, after the update
-                moved += [abs(new - old) for new, old in zip(c["logp_new"], c["logp_old"])]
+                if group is first_ran(record):  # pi_new after the update: one group a step, the first a pass ran
+                    assert len(c["logp_new"]) == n and all(lp <= 0 for lp in c["logp_new"])
+                    moved += [abs(new - old) for new, old in zip(c["logp_new"], c["logp_old"])]
+                else:
+                    assert c["logp_new"] is None
                 for ratio, side in zip(c["ratio"], c["clipped"]):
                     high, low = ratio > 1.01 and c["advantage"] > 0, ratio < 0.99 and c["advantage"] < 0
                     if abs(abs(ratio - 1) - 0.01) > 1e-3:  # not at the edge, where 4 digits cannot tell
@@ -105,6 +108,10 @@ def test_rows_no_pass_ran_have_no_token_values_and_the_bounds_hold(tiny_model_di
             assert c["logp_old"] is None and c["ratio"] is None and c["clipped"] is None and c["logp_new"] is None
 
 
+def first_ran(record):
+    return next(g for g in record["groups"] if any(c["logp_old"] is not None for c in g["completions"]))
+
+
 def test_logp_new_is_the_policy_after_the_update_not_the_one_that_sampled(tiny_model_dir, tasks, tmp_path):
     """log pi_new is one more pass after the step's last update: with a learning rate of 1e-12 the update changes
     nothing that shows, so it is log pi_old to the 4 digits logged (one update a step: pi_old is read off the first pass's
@@ -114,11 +121,10 @@ def test_logp_new_is_the_policy_after_the_update_not_the_one_that_sampled(tiny_m
                 "--reward-fn", "length_reward:reward", "--kl-weight", "0.1")
     compared = 0
     for record in records(run, "step"):
-        for group in record["groups"]:
-            for c in group["completions"]:
-                assert c["logp_new"] == pytest.approx(c["logp_old"], abs=2e-3, rel=1e-3)
-                compared += len(c["logp_new"])
-    assert compared > 20
+        for c in first_ran(record)["completions"]:
+            assert c["logp_new"] == pytest.approx(c["logp_old"], abs=2e-3, rel=1e-3)
+            compared += len(c["logp_new"])
+    assert compared > 10
 
 
 def test_log_off_writes_nothing(tiny_model_dir, tasks, tmp_path):

@@ -491,6 +491,17 @@ def test_the_change_view_colours_tokens_by_their_log_prob_change_and_is_the_defa
     r.choose("step", "1")  # group 0's per-token lists are null (no pass ran it): no colour, said so
     assert r.js("[...document.querySelectorAll('#groups .group:first-child .tok')]"
                 ".every(t => t.classList.contains('na'))")
+    assert r.js("document.querySelectorAll('#groups .no-new').length") == 0  # every computed one has logp_new
+    recs = with_logp_new(records(hostile=False))  # a run takes logp_new for one group a step: the others say why
+    steps = [x for x in recs if x["kind"] == "step"]
+    i, c = next((i, c) for i, x in enumerate(steps) for g in x["groups"] for c in g["completions"] if c["logp_old"])
+    c["logp_new"] = None
+    r = reader(recs)
+    r.choose("step", str(i))
+    assert r.js("document.querySelectorAll('#groups .no-new').length") == 1
+    assert "one group a step" in r.page.locator("#groups .no-new").inner_text()
+    r.choose("colour", "logp")
+    assert r.js("document.querySelectorAll('#groups .no-new').length") == 0  # said in the change view only
 
 
 def test_the_ratio_views_are_greyed_out_where_a_step_makes_one_update(reader):

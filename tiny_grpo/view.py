@@ -889,6 +889,9 @@ function completion(c, ci, mode, sc, parent, rank) {
     if (!c.tokens.length) el("span", "muted", "(an empty completion)", toks);
     if (!Array.isArray(c.ratio) && !Array.isArray(c.logp_old))
       el("div", "muted", "no per-token values: no pass computed this completion (advantage 0 and no KL: the update skips it)", box);
+    else if (mode === "change" && !Array.isArray(c.logp_new))
+      el("div", "muted no-new", "no change shown: a run takes log \u03c0new after the update for one group a step, the "
+        + "first with a gradient (one more pass, as costly per completion as the training's forward)", box);
   } else {
     el("pre", null, c.text, box);
     el("div", "muted", "per-token values left out of this page", box);
