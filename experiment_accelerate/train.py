@@ -30,7 +30,7 @@ once for every experiment; none of it changes what is computed.
 """
 
 import argparse, contextlib, copy, math, random, re, sys  # noqa: E401
-import os, pickle, shutil, tempfile  # noqa: E401
+import os, shutil  # noqa: E401
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,16 +39,18 @@ import torch
 if (CHECKOUT := str(Path(__file__).resolve().parent.parent)) not in sys.path:  # take tiny_grpo/ from this checkout,
     sys.path.insert(0, CHECKOUT)  # not from another one that pip installed (a second clone or worktree)
 
+import tiny_grpo.accelerate_checkpoints
+from tiny_grpo.accelerate_checkpoints import (load_trainable_weights, partial_folder, resume, save_failed,
+    save_trainable_weights)
 from tiny_grpo.answers import answer_parses, check_finite, parse_number, task_correctness
 from tiny_grpo.bookkeeping import Bookkeeping
-from tiny_grpo.checkpoints import (apply_learning_rate, check_weight_names, checkpoints_in, claim_run, load_state_file,
-    real_folder, save_failure_cause, training_state)
+from tiny_grpo.checkpoints import checkpoints_in, claim_run, training_state
 from tiny_grpo.data import OTHER_TASKS, Task, check_context, load_tasks, located, next_prompts
 from tiny_grpo.decode import draw, ends_with_stop_string, nucleus, pad_right, sample_fast, stop_token_ids
 from tiny_grpo.errors import DivergedError, InputError
 from tiny_grpo.logprobs import fast_log_probs
 from tiny_grpo.models import (attention_implementation, chat_prompt, keep_quantized_layout, load_tokenizer,
-    resolve_dtype, resolve_model_path, safetensors_problem, sampling_weights, uncast_lora_inputs)
+    resolve_dtype, resolve_model_path, sampling_weights, uncast_lora_inputs)
 from tiny_grpo.options import HelpFormatter, add_setup_options, has_splits, integer, real, resolve_device
 from tiny_grpo.report import StepStatistics
 from tiny_grpo.rewards import OutsideTerms
@@ -672,41 +674,12 @@ def check_mixed_precision(args):
                   else "ACCELERATE_MIXED_PRECISION (accelerate launch or its config)")
         raise InputError(f"mixed precision {chosen!r}, from {source}: use no, bf16 or fp16")
 
-def save_trainable_weights(models, weights, output_dir):
-    """accelerator.save_state hook. Left alone, save_state writes every weight, the frozen (4-bit) base model
-    included, under the names of the wrapper around it (DDP: "module.model..."); instead, write the trainable
-    weights only (the LoRA adapter, or everything with --no-lora), under the model's own names."""
-    from accelerate.utils import extract_model_from_parallel
-
-    for i, model in enumerate(models[: len(weights)]):  # DeepSpeed and FSDP save their own weights: no entries
-        named = extract_model_from_parallel(model).named_parameters()
-        weights[i] = {name: p.detach() for name, p in named if p.requires_grad}
-
-def load_trainable_weights(models, input_dir):
-    """accelerator.load_state hook, the other half: load those weights, then leave accelerate no model to load."""
-    from accelerate.utils import extract_model_from_parallel
-    from safetensors.torch import load_file
-
-    for model in models:  # one: the policy
-        model = extract_model_from_parallel(model)
-        file = Path(input_dir) / "model.safetensors"  # a link to the checkpoint's (resume shows load_state a view)
-        saved = load_file(file)
-        check_weight_names(file.resolve().parent.parent, saved,
-                           {n: p for n, p in model.named_parameters() if p.requires_grad})
-        model.load_state_dict(saved, strict=False)  # the frozen weights are not in it
-    models.clear()
-
 def save_checkpoint(folder, accelerator, model, scheduler, state, keep):
     """Write folder atomically: everything goes to folder.partial, which is renamed when complete."""
     folder = Path(folder)
-    if real_folder(folder):  # saved already by this run (claim_run keeps other runs' checkpoints out)
+    partial = partial_folder(folder)  # None: saved already by this run
+    if partial is None:
         return
-    if folder.exists() or folder.is_symlink():
-        raise InputError(f"saving {folder} failed: a file or symbolic link of that name is in the way; nothing was "
-                         "overwritten")
-    partial = folder.with_name(folder.name + ".partial")
-    if partial.is_symlink():  # a left-over name must not lead the save out of the run folder
-        partial.unlink()
     shutil.rmtree(partial, ignore_errors=True)
     try:
         accelerator.unwrap_model(model).save_pretrained(partial)  # the LoRA adapter (PEFT format), or the full model
@@ -716,84 +689,15 @@ def save_checkpoint(folder, accelerator, model, scheduler, state, keep):
         # not accelerator.register_for_checkpointing(scheduler), whose file load_state unpickles (code in it would run)
         os.replace(partial, folder)
     except Exception as e:  # a full disk, a folder gone: no half checkpoint, the earlier ones kept
-        shutil.rmtree(partial, ignore_errors=True)
-        raise InputError(f"saving {folder} failed ({type(e).__name__}: {str(e)[:200]}){save_failure_cause(folder)}; "
-                         "nothing else was touched: the earlier checkpoints are kept")
+        raise save_failed(folder, partial, e)
     if keep:
         for old in checkpoints_in(folder.parent)[:-keep]:
             shutil.rmtree(old)
 
-# What training_state.pt must hold, and of which type, for a resume to restore the run
-STATE_KEYS = {"step": int, "data_position": list}  # the rest is in accelerate_state/ (the schedule: in both)
-
 def checkpoint_problem(folder):
-    """Why a checkpoint folder cannot be resumed (its training state does not load or lacks a part, its weights are
-    missing, empty or cut short), or None. Read before the model loads: a damaged newest step is passed over."""
-    try:
-        state = load_state_file(folder)
-    except InputError as e:
-        return str(e).removeprefix(f"--resume {folder}: ")
-    if not isinstance(state, dict):
-        return f"training_state.pt holds a {type(state).__name__}, not the training state"
-    wrong = [f"{key} ({kind.__name__})" for key, kind in STATE_KEYS.items() if not isinstance(state.get(key), kind)]
-    if wrong:
-        return f"training_state.pt lacks {', '.join(wrong)}"
-    weights = list(folder.glob("*.safetensors"))
-    if not weights or any(w.stat().st_size == 0 for w in weights):
-        return "its weights (*.safetensors) are missing or empty"
-    return next(filter(None, map(safetensors_problem, weights)), None) or accelerate_state_problem(folder, state)
-
-def accelerate_state_problem(folder, state):
-    """Why accelerate_state/ cannot be loaded, or None. Every file that load_state would read (state_files) is read
-    here first, as tensors and plain data only (weights_only; memory-mapped, not copied): a damaged one is passed
-    over, and a pickled object never runs. The schedule of a checkpoint before 2026-11-27 is custom_checkpoint_0.pkl."""
-    from accelerate.utils import load
-
-    if state.get("experiment", EXPERIMENT) != EXPERIMENT:  # find_checkpoint names the experiment that wrote it
-        return None
-    state_dir = folder / "accelerate_state"
-    needed = ["model.safetensors", "optimizer.bin", "random_states_0.pkl"] + ([] if "scheduler" in state else
-                                                                             ["custom_checkpoint_0.pkl"])
-    missing = [name for name in needed if not (state_dir / name).is_file()]
-    if missing:
-        return f"accelerate_state/ lacks {', '.join(missing)}"
-    for file in state_files(state_dir) + [state_dir / name for name in needed[3:]]:
-        if file.suffix == ".safetensors":
-            problem = safetensors_problem(file)
-            if problem:
-                return f"accelerate_state/{problem}"
-            continue
-        try:
-            load(file, map_location="cpu", mmap=True)  # accelerate's torch.load: weights_only, numpy's RNG state too
-        except pickle.UnpicklingError:
-            return (f"accelerate_state/{file.name} holds more than tensors and plain data, so it is not loaded "
-                    "(it could run code)")
-        except Exception as e:  # cut short, or no torch file
-            return f"accelerate_state/{file.name} is damaged ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
-    return None
-
-def state_files(state_dir):
-    """The files of accelerate_state/ that accelerator.load_state reads here: the weights, the optimizer, each
-    process's RNG state, fp16's gradient scaler."""
-    return sorted(f for f in Path(state_dir).iterdir()
-                  if re.fullmatch(r"model\.safetensors|optimizer\.bin|random_states_\d+\.pkl|scaler\.pt", f.name))
-
-def resume(folder, accelerator, optimizer, scheduler):
-    """(step, data position) of the checkpoint in folder, its weights, optimizer, schedule and random state restored;
-    (0, (0, 0)) without one."""
-    if folder is None:
-        return 0, (0, 0)
-    state = load_state_file(folder)
-    rates = [group["initial_lr"] for group in optimizer.param_groups]  # this run's --lr, before the checkpoint's
-    with tempfile.TemporaryDirectory(prefix="tiny-grpo-resume-") as view:  # load_state sees the files checked
-        for file in state_files(folder / "accelerate_state"):  # (checkpoint_problem), and no custom_checkpoint_N.pkl,
-            os.symlink(file.resolve(), Path(view) / file.name)  # which it would unpickle
-        accelerator.load_state(view)  # with load_trainable_weights for the weights
-    scheduler.load_state_dict(state["scheduler"] if "scheduler" in state else  # before 2026-11-27: accelerate's file
-                              torch.load(folder / "accelerate_state" / "custom_checkpoint_0.pkl", weights_only=True))
-    apply_learning_rate(optimizer, scheduler, rates, state)
-    print(f"resumed from {folder} at step {state['step']}")
-    return state["step"], tuple(state["data_position"])
+    """Why a checkpoint folder cannot be resumed, or None: tiny_grpo.accelerate_checkpoints', for a checkpoint of this
+    experiment (another's is left to find_checkpoint, which names the experiment that wrote it)."""
+    return tiny_grpo.accelerate_checkpoints.checkpoint_problem(folder, EXPERIMENT)
 
 if __name__ == "__main__":
     main()

@@ -54,8 +54,8 @@ CHANGED_LINES = {
 # The plumbing a copy keeps in its own file, where tiny_grpo/ has a version of the same name: what its experiment
 # changes there, and what calls that (a package function would call the package's own version)
 KEPT = {
-    "experiment_accelerate": {"STATE_KEYS": "the rest is accelerate's state", "save_checkpoint": "accelerator.save_state",
-                              "checkpoint_problem": "accelerate's state files", "resume": "accelerator.load_state"},
+    "experiment_accelerate": {"save_checkpoint": "accelerator.save_state", "checkpoint_problem": "accelerate's state "
+                              "files (tiny_grpo/accelerate_checkpoints.py's), judged for this experiment"},
     "experiment_drgrpo": {"StepStatistics": "the clip fractions at each side"},
     "experiment_multiturn_qa": {"load_tasks": "the QA rows",
                                 "check_context": "room for the passages"},

@@ -234,7 +234,7 @@ def save_failure_cause(folder):
 def find_checkpoint(path, args, problem=None):
     """A checkpoint folder, or the newest complete step_N inside a run folder (a damaged newer one is passed over,
     with a message). An error, naming what differs, if it was written by another experiment or for other weights.
-    problem(folder): what is wrong with a checkpoint, or None (checkpoint_problem; the accelerate copies' own)."""
+    problem(folder): what is wrong with a checkpoint, or None (checkpoint_problem; accelerate_checkpoints.py's)."""
     path = Path(path)
     explicit = (path / "training_state.pt").is_file()
     candidates = [path] if explicit else checkpoints_in(path)[::-1]
