@@ -61,7 +61,7 @@ from tiny_grpo.errors import InputError
 from tiny_grpo.logprobs import fast_log_probs
 from tiny_grpo.models import (attention_implementation, chat_prompt, keep_quantized_layout, load_tokenizer,
     resolve_dtype, resolve_model_path, sampling_weights, uncast_lora_inputs)
-from tiny_grpo.options import HelpFormatter, add_setup_options, has_splits, integer, real, resolve_device
+from tiny_grpo.options import HelpFormatter, add_setup_options, check_setup, device_defaults, has_splits, integer, real
 from tiny_grpo.rewards import OutsideTerms
 from tiny_grpo.skill import baseline_scores
 from tiny_grpo.update import OldLogProbs, clip_gradients, micro_batches, rows_that_count
@@ -234,7 +234,6 @@ def load_model(args):
     on every linear layer, unless --quantization or --no-lora say otherwise."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
-
     path = resolve_model_path(args.model_name)  # a .gguf file is converted once into a cache
     tokenizer = load_tokenizer(path, args.model_name)  # left padding: every prompt ends where sampling starts
     dtype = resolve_dtype(args.dtype, args.device)
@@ -328,11 +327,9 @@ REWARD_TERMS = ("correctness", "format", "reasoning", "custom", "remote")
 
 def reward_terms(completion, answer, task="math", reasoning_format="think", partial_credit=False):
     """The built-in reward terms of one completion, each in [0, 1]."""
-    return {
-        "correctness": correctness(completion, answer, task, partial_credit),
-        "format": format_score(completion, task, reasoning_format),
-        "reasoning": reasoning_quality(completion, reasoning_format),
-    }
+    return {"correctness": correctness(completion, answer, task, partial_credit),
+            "format": format_score(completion, task, reasoning_format),
+            "reasoning": reasoning_quality(completion, reasoning_format)}
 
 def total_reward(terms, weights):
     """r = sum_k w_k term_k over the terms {k: [B]}: the one number per completion that GRPO compares in a group."""
@@ -452,12 +449,11 @@ def sample(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, te
     """Sample group_size completions for each prompt: returns completion ids [B*G, T] and action mask [B*G, T].
     The prompts are prefilled once and their KV cache repeated G times; then every step draws one token per row from
     softmax(logits / T). A completion ends at its first EOS (an action: the model learns to stop) or at one of
-    STOP_STRINGS; the loop ends when every completion has ended or the budget max_length is spent.
-
-    Why not model.generate: it repeats each prompt G times before the prefill; a generation_config may add a top-k,
-    so that the tokens would not come from the distribution the loss takes log-probs of; and EOS is an action here.
-    A run takes sample_fast (tiny_grpo/decode.py), the same loop's fast form: rows that ended leave the batch, the
-    cache gets its room once, on CUDA a step is one CUDA graph."""
+    STOP_STRINGS; the loop ends when every completion has ended or the budget max_length is spent. Not model.generate:
+    it repeats each prompt G times before the prefill, a generation_config may add a top-k (the tokens would not come
+    from the distribution the loss takes log-probs of), and EOS is an action here. A run takes sample_fast
+    (tiny_grpo/decode.py), this loop's fast form: rows that ended leave the batch, the cache gets its room once, on
+    CUDA a step is one CUDA graph."""
     if not plain:
         return sample_fast(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, temperature, top_p,
                            sample_token, STOP_STRINGS)
@@ -476,8 +472,7 @@ def sample(model, tokenizer, prompt_ids, prompt_mask, group_size, max_length, te
         next_ids = next_ids.masked_fill(finished, tokenizer.pad_token_id)
         tokens.append(next_ids)
         actions.append(~finished)  # a token is an action if its sequence had not ended before it
-        finished = (finished | torch.isin(next_ids, stop_ids)
-                    | ends_with_stop_string(tokenizer, tokens, finished, STOP_STRINGS))
+        finished |= torch.isin(next_ids, stop_ids) | ends_with_stop_string(tokenizer, tokens, finished, STOP_STRINGS)
         if finished.all() or t == max_length - 1:
             break
         mask = torch.cat([mask, actions[-1].long()[:, None]], dim=1)  # s_t+1: one more position
@@ -554,9 +549,7 @@ def group_advantages(rewards, eps=1e-4, algorithm="grpo"):
                                right (or wrong) more than the rest, a difficulty bias; without it every question counts
       reinforce_pp             A_i = r_i: no group statistics; train_step turns r into per-token returns
       reinforce_pp_baseline    A_i = r_i - mean(r): the group mean as baseline, then the same per-token returns
-
-    std is the sample standard deviation (Bessel's correction, as in TRL). A group whose rewards are
-    all equal gets A = 0: it carries no gradient."""
+    std: the sample standard deviation (Bessel's correction, as in TRL). An all-equal group gets A = 0: no gradient."""
     if algorithm == "reinforce_pp":
         return rewards
     mean = rewards.mean(dim=1, keepdim=True)
@@ -688,7 +681,6 @@ def make_optimizer(model, args):
     params = [p for p in model.parameters() if p.requires_grad]
     if args.device.startswith("cuda"):
         import bitsandbytes as bnb
-
         return bnb.optim.PagedAdamW8bit(params, lr=args.lr)
     return torch.optim.AdamW(params, lr=args.lr)
 
@@ -772,9 +764,8 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
     return {**stats.means(), "new_log_probs": new_log_probs}
 
 def pi_old_pass(model, log_probs, rows, size):
-    """pi_old's own pass: log pi_old(a_t | s_t) [len(rows), T] of the sequences rows, log_probs(model, idx) taken in
-    parts of size rows before any update, while the weights are still those that sampled; no gradient, and eval mode
-    (no LoRA dropout: the sampler drew with none)."""
+    """pi_old's own pass: log pi_old(a_t | s_t) [len(rows), T], log_probs(model, idx) over the rows in parts of size,
+    before any update (the weights that sampled); no gradient; eval mode (no LoRA dropout: the sampler had none)."""
     model.eval()
     with torch.no_grad():
         old = torch.cat([log_probs(model, idx)[0] for idx in rows.split(size)])
@@ -879,18 +870,12 @@ def saver(args, run_dir, *objects):
 
 def by_device(name, help):
     """An option whose default depends on the device (DEVICE_DEFAULTS): absent until complete_args sets it."""
-    gpu, cpu = DEVICE_DEFAULTS[name]
-    shown = lambda value: value if value != "" else "none"  # noqa: E731
-    return {"default": argparse.SUPPRESS, "help": f"{help} (default: {shown(gpu)} on CUDA, {shown(cpu)} on CPU)"}
+    gpu, cpu = ("none" if value == "" else value for value in DEVICE_DEFAULTS[name])  # "": shown as none
+    return {"default": argparse.SUPPRESS, "help": f"{help} (default: {gpu} on CUDA, {cpu} on CPU)"}
 
 def complete_args(args, parser):
     """The device, the defaults that depend on it and on --task, and the checks that involve two options."""
-    args.device = resolve_device(args.device, parser)
-    for name, (gpu, cpu) in DEVICE_DEFAULTS.items():
-        if not hasattr(args, name):
-            setattr(args, name, gpu if args.device.startswith("cuda") else cpu)
-    if args.generation_batch_size is None:  # the whole step at once
-        args.generation_batch_size = args.rollouts_per_step * args.group_size
+    device_defaults(args, parser, DEVICE_DEFAULTS)  # --device resolved, then the options left out at its defaults
     if args.data_path is None:  # the task's own data, found from any working directory
         args.data_path, args.data_config = located(TASKS[args.task].train), args.data_config or TASKS[args.task].config
     if args.eval_data_path is None:  # a hub id or folder has its own held-out split; a file is evaluated on the task's
@@ -908,16 +893,7 @@ def complete_args(args, parser):
         parser.error(f"--updates-per-step {args.updates_per_step}: a step has only "
                      f"{args.rollouts_per_step * args.group_size} sequences (rollouts-per-step x group-size) to split "
                      "into mini-batches")
-    if not args.lora and args.quantization != "none":
-        parser.error("--no-lora trains every weight, which quantized weights cannot do: add --quantization none")
-    if args.sampling_weights != "auto" and args.quantization != "4bit":  # both name a way to sample from 4-bit weights
-        parser.error(f"--sampling-weights {args.sampling_weights} needs --quantization 4bit "
-                     f"(it is {args.quantization})")
-    try:
-        parse_weights(args.reward_weights)
-    except ValueError as e:
-        parser.error(f"--reward-weights {args.reward_weights!r}: {e}")
-    return args
+    return check_setup(args, parser, parse_weights)  # --no-lora, --sampling-weights, --reward-weights
 
 # ---- This experiment's own plumbing: what it changes of tiny_grpo/'s, what calls that, its own tools ----
 

@@ -192,3 +192,28 @@ def resolve_device(device, parser):
     if index >= torch.cuda.device_count():
         parser.error(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) present")
     return f"cuda:{index}"
+
+def device_defaults(args, parser, defaults):
+    """The device (--device resolved), then the device's value of each option in defaults ({name: (on CUDA, on CPU)},
+    an experiment's DEVICE_DEFAULTS) that the command line left out (by_device keeps it out of the parsed options);
+    then --generation-batch-size, where None, is the whole step."""
+    args.device = resolve_device(args.device, parser)
+    for name, (gpu, cpu) in defaults.items():
+        if not hasattr(args, name):
+            setattr(args, name, gpu if args.device.startswith("cuda") else cpu)
+    if args.generation_batch_size is None:  # the whole step at once
+        args.generation_batch_size = args.rollouts_per_step * args.group_size
+
+def check_setup(args, parser, parse_weights):
+    """args, once the setup options agree with each other: --no-lora and --sampling-weights with --quantization, and
+    --reward-weights as the experiment's parse_weights reads it; else parser.error names the option."""
+    if not args.lora and args.quantization != "none":
+        parser.error("--no-lora trains every weight, which quantized weights cannot do: add --quantization none")
+    if args.sampling_weights != "auto" and args.quantization != "4bit":  # both name a way to sample from 4-bit weights
+        parser.error(f"--sampling-weights {args.sampling_weights} needs --quantization 4bit "
+                     f"(it is {args.quantization})")
+    try:
+        parse_weights(args.reward_weights)
+    except ValueError as e:
+        parser.error(f"--reward-weights {args.reward_weights!r}: {e}")
+    return args
