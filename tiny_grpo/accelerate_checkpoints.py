@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from tiny_grpo import checkpoints
 from tiny_grpo.checkpoints import (apply_learning_rate, check_weight_names, load_state_file, real_folder,
     save_failure_cause)
 from tiny_grpo.errors import InputError
@@ -68,23 +69,11 @@ STATE_KEYS = {"step": int, "data_position": list}  # the rest is in accelerate_s
 
 
 def checkpoint_problem(folder, experiment):
-    """Why a checkpoint folder cannot be resumed (its training state does not load or lacks a part, its weights are
-    missing, empty or cut short, a file of its accelerate_state/ does not load), or None. Read before the model loads:
-    a damaged newest step is passed over. experiment: the one resuming (accelerate_state_problem)."""
-    try:
-        state = load_state_file(folder)
-    except InputError as e:
-        return str(e).removeprefix(f"--resume {folder}: ")
-    if not isinstance(state, dict):
-        return f"training_state.pt holds a {type(state).__name__}, not the training state"
-    wrong = [f"{key} ({kind.__name__})" for key, kind in STATE_KEYS.items() if not isinstance(state.get(key), kind)]
-    if wrong:
-        return f"training_state.pt lacks {', '.join(wrong)}"
-    weights = list(folder.glob("*.safetensors"))
-    if not weights or any(w.stat().st_size == 0 for w in weights):
-        return "its weights (*.safetensors) are missing or empty"
-    problem = next(filter(None, map(safetensors_problem, weights)), None)  # a header cut short, say
-    return problem or accelerate_state_problem(folder, state, experiment)
+    """Why a checkpoint folder cannot be resumed, or None: tiny_grpo.checkpoints' checks with this training state's
+    keys (STATE_KEYS), then every file of its accelerate_state/ (accelerate_state_problem). Read before the model
+    loads: a damaged newest step is passed over. experiment: the one resuming."""
+    return (checkpoints.checkpoint_problem(folder, STATE_KEYS)
+            or accelerate_state_problem(folder, load_state_file(folder), experiment))
 
 
 def accelerate_state_problem(folder, state, experiment):

@@ -284,22 +284,24 @@ def data_differs(saved, path):
 # What training_state.pt must hold, and of which type, for a resume to restore the run
 STATE_KEYS = {"step": int, "data_position": list, "optimizer": dict, "scheduler": dict, "rng": dict}
 
-def checkpoint_problem(folder):
+def checkpoint_problem(folder, keys=None):
     """Why a checkpoint folder cannot be resumed (its training state does not load or lacks a part, its weights are
-    missing, empty or cut short), or None. Read before the model loads: a damaged newest step is passed over."""
+    missing, empty or cut short), or None. Read before the model loads: a damaged newest step is passed over.
+    keys: what training_state.pt must hold, {name: type}; STATE_KEYS unless given (accelerate_checkpoints' own)."""
     try:
         state = load_state_file(folder)
     except InputError as e:
         return str(e).removeprefix(f"--resume {folder}: ")
     if not isinstance(state, dict):
         return f"training_state.pt holds a {type(state).__name__}, not the training state"
-    wrong = [f"{key} ({kind.__name__})" for key, kind in STATE_KEYS.items() if not isinstance(state.get(key), kind)]
+    wrong = [f"{key} ({kind.__name__})" for key, kind in (keys or STATE_KEYS).items()
+             if not isinstance(state.get(key), kind)]
     if wrong:
         return f"training_state.pt lacks {', '.join(wrong)}"
     weights = list(folder.glob("*.safetensors"))
     if not weights or any(w.stat().st_size == 0 for w in weights):
         return "its weights (*.safetensors) are missing or empty"
-    return next(filter(None, map(safetensors_problem, weights)), None)
+    return next(filter(None, map(safetensors_problem, weights)), None)  # a header cut short, say
 
 def check_weight_names(folder, saved, expected):
     """Refuse weights whose names are not exactly the model's trainable ones (a missing tensor would be left as it
