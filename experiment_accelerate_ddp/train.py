@@ -48,11 +48,10 @@ if (CHECKOUT := str(Path(__file__).resolve().parent.parent)) not in sys.path:  #
 
 import tiny_grpo.accelerate_checkpoints
 import tiny_grpo.report
-from tiny_grpo.accelerate_checkpoints import (load_trainable_weights, partial_folder, resume, save_failed,
-    save_trainable_weights)
+from tiny_grpo.accelerate_checkpoints import load_trainable_weights, resume, save_trainable_weights
 from tiny_grpo.answers import answer_parses, check_finite, parse_number, task_correctness
 from tiny_grpo.bookkeeping import Bookkeeping
-from tiny_grpo.checkpoints import checkpoints_in, claim_run, training_state
+from tiny_grpo.checkpoints import checkpoints_in, claim_run, partial_folder, save_failed, training_state
 from tiny_grpo.data import OTHER_TASKS, Task, check_context, load_tasks, located, next_prompts
 from tiny_grpo.decode import draw, ends_with_stop_string, nucleus, pad_right, sample_fast, stop_token_ids
 from tiny_grpo.errors import DivergedError, InputError

@@ -1,18 +1,16 @@
 """Checkpoints through accelerate's save_state and load_state: the trainable weights only, under the model's own names;
 never unpickled (every file load_state would read is read first as tensors and plain data, and load_state is shown
-those files alone), never overwritten (written to step_N.partial, renamed when complete: partial_folder, save_failed;
-the save itself is each accelerate copy's, in one process or in several). The run folder, --resume's choice of a
-checkpoint and training_state.pt are tiny_grpo/checkpoints.py's."""
+those files alone). The save itself is each accelerate copy's, in one process or in several, never overwriting
+(step_N.partial renamed when complete: tiny_grpo/checkpoints.py's partial_folder and save_failed). The run folder,
+--resume's choice of a checkpoint and training_state.pt are tiny_grpo/checkpoints.py's."""
 
-import os, pickle, re, shutil, tempfile  # noqa: E401
+import os, pickle, re, tempfile  # noqa: E401
 from pathlib import Path
 
 import torch
 
 from tiny_grpo import checkpoints
-from tiny_grpo.checkpoints import (apply_learning_rate, check_weight_names, load_state_file, real_folder,
-    save_failure_cause)
-from tiny_grpo.errors import InputError
+from tiny_grpo.checkpoints import apply_learning_rate, check_weight_names, load_state_file
 from tiny_grpo.models import safetensors_problem
 
 
@@ -40,28 +38,6 @@ def load_trainable_weights(models, input_dir):
                            {n: p for n, p in model.named_parameters() if p.requires_grad})
         model.load_state_dict(saved, strict=False)  # the frozen weights are not in it
     models.clear()
-
-
-def partial_folder(folder):
-    """folder.partial, where a save writes folder's checkpoint before renaming it folder; None where folder is a
-    checkpoint already. A file or symbolic link named folder is refused, and a left-over link named folder.partial
-    removed."""
-    if real_folder(folder):  # saved already by this run (claim_run keeps other runs' checkpoints out)
-        return None
-    if folder.exists() or folder.is_symlink():
-        raise InputError(f"saving {folder} failed: a file or symbolic link of that name is in the way; nothing was "
-                         "overwritten")
-    partial = folder.with_name(folder.name + ".partial")
-    if partial.is_symlink():  # a left-over name must not lead the save out of the run folder
-        partial.unlink()
-    return partial
-
-
-def save_failed(folder, partial, error):
-    """After error while saving folder (a full disk, a folder gone): partial removed, the InputError that says so."""
-    shutil.rmtree(partial, ignore_errors=True)  # no half checkpoint, the earlier ones kept
-    return InputError(f"saving {folder} failed ({type(error).__name__}: {str(error)[:200]})"
-                      f"{save_failure_cause(folder)}; nothing else was touched: the earlier checkpoints are kept")
 
 
 # What training_state.pt must hold, and of which type, for a resume to restore the run

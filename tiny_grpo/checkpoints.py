@@ -195,14 +195,9 @@ def filter_sets(filters):
 def save_checkpoint(folder, model, optimizer, scheduler, state, keep):
     """Write folder atomically: everything goes to folder.partial, which is renamed when complete."""
     folder = Path(folder)
-    if real_folder(folder):  # saved already by this run (claim_run keeps other runs' checkpoints out)
+    partial = partial_folder(folder)
+    if partial is None:  # saved already by this run
         return
-    if folder.exists() or folder.is_symlink():
-        raise InputError(f"saving {folder} failed: a file or symbolic link of that name is in the way; nothing was "
-                         "overwritten")
-    partial = folder.with_name(folder.name + ".partial")
-    if partial.is_symlink():  # a left-over name must not lead the save out of the run folder
-        partial.unlink()
     shutil.rmtree(partial, ignore_errors=True)
     rng = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -213,12 +208,30 @@ def save_checkpoint(folder, model, optimizer, scheduler, state, keep):
                    partial / "training_state.pt")
         os.replace(partial, folder)
     except Exception as e:  # a full disk, a folder gone: no half checkpoint, the earlier ones kept
-        shutil.rmtree(partial, ignore_errors=True)
-        raise InputError(f"saving {folder} failed ({type(e).__name__}: {str(e)[:200]}){save_failure_cause(folder)}; "
-                         "nothing else was touched: the earlier checkpoints are kept")
+        raise save_failed(folder, partial, e)
     if keep:
         for old in checkpoints_in(folder.parent)[:-keep]:
             shutil.rmtree(old)
+
+def partial_folder(folder):
+    """folder.partial, where a save writes folder's checkpoint before renaming it folder; None where folder is a
+    checkpoint already. A file or symbolic link named folder is refused, and a left-over link named folder.partial
+    removed."""
+    if real_folder(folder):  # saved already by this run (claim_run keeps other runs' checkpoints out)
+        return None
+    if folder.exists() or folder.is_symlink():
+        raise InputError(f"saving {folder} failed: a file or symbolic link of that name is in the way; nothing was "
+                         "overwritten")
+    partial = folder.with_name(folder.name + ".partial")
+    if partial.is_symlink():  # a left-over name must not lead the save out of the run folder
+        partial.unlink()
+    return partial
+
+def save_failed(folder, partial, error):
+    """After error while saving folder (a full disk, a folder gone): partial removed, the InputError that says so."""
+    shutil.rmtree(partial, ignore_errors=True)  # no half checkpoint, the earlier ones kept
+    return InputError(f"saving {folder} failed ({type(error).__name__}: {str(error)[:200]})"
+                      f"{save_failure_cause(folder)}; nothing else was touched: the earlier checkpoints are kept")
 
 def save_failure_cause(folder):
     """Why a write may have failed, as torch.save's own message ("unexpected pos 153344 vs 153232") does not say."""
