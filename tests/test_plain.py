@@ -79,3 +79,17 @@ def test_a_run_resumes_with_or_without_plain(tiny_model_dir, tmp_path, monkeypat
     module.main([*options, "--max-steps", "2", "--plain", "--resume", str(tmp_path / "out" / "r")])
     module.main([*options, "--max-steps", "3", "--resume", str(tmp_path / "out" / "r")])
     assert (tmp_path / "out" / "r" / "step_000003").is_dir()
+
+
+@pytest.mark.parametrize("plain", [False, True])
+def test_a_plain_run_trains_in_bfloat16(plain, tiny_model_dir, tmp_path, monkeypatch):
+    """--plain's forward runs without autocast, and gradient checkpointing repeats it in the backward pass inside
+    uncast_lora_inputs, which must leave peft's cast of the bfloat16 input to the float32 adapter in place there
+    (it did not: "expected m1 and m2 to have the same dtype", the default CPU command with --plain on 2026-11-29).
+    Two steps of the tiny model in bfloat16, plain or not, with an update that has a gradient."""
+    module = same_run.load_module(ROOT / "experiment_base" / "train.py", f"experiment_base_bf16_{plain}")
+    monkeypatch.chdir(ROOT)
+    module.main([*same_run.options_for("experiment_base"), "--model-name", str(tiny_model_dir), "--dtype", "bfloat16",
+                 "--checkpoint-path", str(tmp_path / "out"), "--log-dir", str(tmp_path / "runs"), "--run-name", "r",
+                 *(["--plain"] if plain else [])])
+    assert (tmp_path / "out" / "r" / "step_000002").is_dir()

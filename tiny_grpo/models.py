@@ -182,17 +182,35 @@ def resolve_dtype(name, device):
     has_bf16 = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
     return torch.bfloat16 if has_bf16 else torch.float32
 
+@contextlib.contextmanager
 def uncast_lora_inputs(model, active=None):
     """Under autocast, stop peft from casting each LoRA layer's bf16 input to its float32 weights' dtype: autocast
     casts it straight back to bf16 for the product, so the round trip only copies tensors as wide as the layer's
     input (2,048 at Gemma-3's down projection); the values are the same bits (tested). sequence_log_probs switches
     it off for its forward pass, train_step for the backward pass, where gradient checkpointing computes each
-    layer's forward again. README, "Training against the machine's peak"."""
-    from peft.helpers import disable_input_dtype_casting
+    layer's forward again. Only where autocast is on when the layer runs (CastUnlessAutocast): a recomputation runs
+    under its forward's autocast, and --plain's forward has none, so peft's cast stays there. README, "Training
+    against the machine's peak"."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
 
     if active is None:  # a bf16 model: LoRA's products in bf16
         active = model.get_input_embeddings().weight.dtype == torch.bfloat16
-    return disable_input_dtype_casting(model, active)  # on every LoRA layer inside model; none: nothing to do
+    layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)] if active else []
+    before = [getattr(layer, "cast_input_dtype_enabled", True) for layer in layers]
+    for layer in layers:
+        layer.cast_input_dtype_enabled = CastUnlessAutocast()  # peft reads it at each forward
+    try:
+        yield
+    finally:
+        for layer, value in zip(layers, before):
+            layer.cast_input_dtype_enabled = value
+
+class CastUnlessAutocast:
+    """A LoRA layer's cast_input_dtype_enabled, true (peft casts the input to the weights' dtype) unless autocast is
+    on as the layer runs."""
+
+    def __bool__(self):
+        return not (torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda"))
 
 def attention_implementation(device):
     """flash-attention 2 where CUDA and the flash-attn package are present, else PyTorch SDPA."""
