@@ -2,7 +2,7 @@
 
 Runs experiment_base/train.py (or --experiment experiment_drgrpo, with its --algorithm or --preset after --)
 with its CPU defaults, which are the demo's recipe (`recipe` below), on --task (by default sequence, experiment_base's
-CPU default: "What number comes next: 15, 20, 25, 30, ...?"; math keeps the rows with two terms of two digits
+CPU default: "What number comes next: 17, 21, 25, 29, ...?"; math keeps the rows with two terms of two digits
 and + or -) once per seed, evaluates greedy accuracy and format rate on held-out problems before training and
 every --eval-interval steps, then samples one completion for each of --samples held-out problems with each
 trained adapter, prints a table per seed and the gain's min / median / max over the seeds, and writes

@@ -8,20 +8,20 @@ Each line is {"question", "answer", "kind"}; `--filter kind=compare` keeps one k
   count_words      "How many words are in this sentence: "the dog ran home"?"  4
   next_number      "What number comes next: 4, 7, 10, 13, ...?"  16
   unit_conversion  "How many minutes are in 3 hours?"  180
-  sequence         "What number comes next: 15, 20, 25, 30, ...?"  35   (--kind sequence only; its rows also
+  sequence         "What number comes next: 17, 21, 25, 29, ...?"  33   (--kind sequence only; its rows also
                    hold "step": 5, which data/sequence_reward.py reads)
 The same seed writes the same bytes, and no held-out question appears in the training file.
 
 --kind K writes one kind alone, to data/K.jsonl and data/K_eval.jsonl. Two are tasks of the experiments:
 `--task sequence` (the CPU default) and `--task count_words`, chosen because the packaged model sometimes answers
 them right but rarely at its first guess (README, "Candidates for a task the packaged model can learn").
---kind sequence trains on counting by 2, 3, 4, 5 or 10 from a multiple of the step (--train-rows of those 200
-questions) and holds out sequences that no guess passes (`held_out_sequences`: steps from 6 to 41 that no training
-row has, first terms that are no multiple of the step, no round answer), so that held-out accuracy is the skill, not a
-shortcut of the training rows (in which the next multiple of 10 above the last term is right 41 times in 100).
+--kind sequence counts by 2, 3, 4, 5, 6, 8 or 9 from a first term of 1 to 60 (840 questions); its held-out rows
+are drawn first, so that no guess passes (`held_out_sequences`: each step on 1 row in 7, first terms that are no
+multiple of the step, no round answer), so that held-out accuracy is the skill, not a shortcut of the training rows,
+which are drawn from the questions left.
 
     python data/make_simple_tasks.py                   # 1,500 training + 900 held-out rows, every kind
-    python data/make_simple_tasks.py --kind sequence --train-rows 100 --eval-rows 100
+    python data/make_simple_tasks.py --kind sequence --train-rows 400 --eval-rows 100
     python data/make_simple_tasks.py --kind count_words --train-rows 2000 --eval-rows 500
     python data/make_simple_tasks.py --train-rows 600 --out-dir /tmp/tasks
 """
@@ -48,7 +48,6 @@ VOCABULARY = ["the", "dog", "cat", "ran", "home", "a", "big", "red", "ball", "sa
 UNITS = [("minutes", "hours", 60), ("hours", "days", 24), ("days", "weeks", 7), ("months", "years", 12),
          ("centimeters", "meters", 100), ("grams", "kilograms", 1000), ("seconds", "minutes", 60), ("eggs", "dozens", 12)]
 KINDS = ("word_problem", "compare", "count_letters", "count_words", "next_number", "unit_conversion")  # the default mix
-SEQUENCES = 200  # distinct training questions of the kind sequence: 5 steps x 20 starts x 2 lengths
 
 
 def word_problem(rng):
@@ -87,43 +86,49 @@ def next_number(rng):
     return f"What number comes next: {', '.join(map(str, terms))}, ...?", start + 4 * step
 
 
-def sequence(rng):
-    """Counting by 2, 3, 4, 5 or 10 from a multiple of the step: 4 or 5 terms, 200 questions in all (the training rows)."""
-    step, start = rng.choice([2, 3, 4, 5, 10]), rng.randint(1, 20)
-    terms = [step * (start + i) for i in range(rng.choice([4, 5]))]
-    return sequence_row(terms, step)
-
-
 def sequence_row(terms, step):
     return f"What number comes next: {', '.join(map(str, terms))}, ...?", terms[-1] + step, {"step": step}
 
 
-# The held-out sequences, built so that no answer that needs no skill passes: each of tiny_grpo/skill.py's guesses
-# scores 0, as the untrained model does (tests/test_skill.py). Their steps are those of no training row, from 6 to
-# 41 (adding a step learned by heart, the last term + 10, + 5 or + 2, is never right), but 7, the worked example's
-# (experiment_base's TASKS: its "each number is 7 more", copied, is right on no question), taken in turn: adding
-# any one number is right on 3 in 100 at most. The first term is no multiple of the step (the training rows' all are;
-# it is never the step, which "each number is 22 more" for 22, 24, 26 adds), and no answer is a multiple of 10 (the
-# runs answered round numbers: the next multiple of 10 above the last term is never right).
-HELD_OUT_STEPS = [step for step in range(6, 42) if step not in (7, 10)]  # 34: at most 3 problems each in 100
-HELD_OUT_STARTS = range(1, 51)
+# The sequences count by 2, 3, 4, 5, 6, 8 or 9 from a first term of 1 to 60, with 4 or 5 terms: a skill the untrained
+# model shows on about 1 question in 5 with its worked example (experiment_base's TASKS: the step found as a
+# difference, then the terms written on), and one each question of a step shares, so that training on some questions
+# carries over to others. Not 7, the worked example's step (its terms, copied, are right on no question), nor 10
+# (round answers). The held-out questions are drawn first, so that no guess that needs no skill passes
+# (tiny_grpo/skill.py; tests/test_skill.py): the steps taken in turn (adding any one step is right on 1 question in 7,
+# below the untrained model's share), first terms that are no multiple of the step (never the step itself, which
+# "each number is 8 more" for 8, 16, 24 adds), no answer a multiple of 10 (the next multiple of 10 above the last term
+# is never right), and no answer on more than 3 of 100. The training rows are drawn from the questions left.
+STEPS = [2, 3, 4, 5, 6, 8, 9]
+STARTS = range(1, 61)
+MOST_PER_ANSWER = 3  # held-out rows with the same answer, in 100
+
+
+QUESTIONS = [(start, length) for start in STARTS for length in (4, 5)]  # (first term, terms) of each step's questions
 
 
 def held_out_candidates(step):
-    """The (start, length) of every held-out question with this step."""
-    return [(start, length) for start in HELD_OUT_STARTS if start % step for length in (4, 5) if (start + length * step) % 10]
+    """The (start, length) of every held-out question with this step: no start a multiple of the step, no round
+    answer."""
+    return [(start, length) for start, length in QUESTIONS
+            if start % step and (start + length * step) % 10]
 
 
-HELD_OUT_SEQUENCES = len(HELD_OUT_STEPS) * min(len(held_out_candidates(step)) for step in HELD_OUT_STEPS)
+HELD_OUT_SEQUENCES = len(STEPS) * min(len(held_out_candidates(step)) for step in STEPS)
+
+
+def sequence_task(step, start, length):
+    question, answer, fields = sequence_row([start + k * step for k in range(length)], step)
+    return {"question": question, "answer": str(answer), "kind": "sequence", **fields}
 
 
 def held_out_sequences(rng, rows):
     """`rows` held-out sequence rows in a shuffled order: the steps taken in turn, each step's questions drawn from
-    held_out_candidates without repeats; no step and no answer on more than 1 row in len(HELD_OUT_STEPS), rounded up
-    (3 in 100: no constant answer passes either)."""
-    steps = list(HELD_OUT_STEPS)
+    held_out_candidates without repeats; no step on more than 1 row in len(STEPS), rounded up, and no answer on more
+    than MOST_PER_ANSWER in 100, rounded up."""
+    steps = list(STEPS)
     rng.shuffle(steps)  # which steps get a row more when the rows do not divide evenly
-    most = -(-rows // len(steps))
+    most = max(1, -(-rows * MOST_PER_ANSWER // 100))
     answers, tasks = Counter(), []
     for i, step in enumerate(steps):
         wanted = rows // len(steps) + (i < rows % len(steps))
@@ -131,14 +136,21 @@ def held_out_sequences(rng, rows):
         for start, length in rng.sample(candidates, len(candidates)):  # in a random order
             answer = start + length * step
             if wanted and answers[answer] < most:
-                question, _, fields = sequence_row([start + k * step for k in range(length)], step)
-                tasks.append({"question": question, "answer": str(answer), "kind": "sequence", **fields})
+                tasks.append(sequence_task(step, start, length))
                 answers[answer] += 1
                 wanted -= 1
         if wanted:
             raise ValueError(f"{rows} held-out sequences: step {step} has too few questions")
     rng.shuffle(tasks)
     return tasks
+
+
+def training_sequences(rng, rows, held_out):
+    """`rows` training rows, drawn from the questions no held-out row asks, in a shuffled order."""
+    asked = {task["question"] for task in held_out}
+    tasks = [task for step in STEPS for start, length in QUESTIONS
+             if (task := sequence_task(step, start, length))["question"] not in asked]
+    return rng.sample(tasks, rows)
 
 
 def unit_conversion(rng):
@@ -154,19 +166,19 @@ def make_task(rng, kinds=KINDS):
 
 
 def write_sequences(parser, args):
-    """--kind sequence: the training rows as they always were (--train-rows of the 200 counting questions, the others
-    unused), and held_out_sequences, drawn with the same seed."""
-    for option, rows, most, what in (("--train-rows", args.train_rows, SEQUENCES, "training"),
-                                     ("--eval-rows", args.eval_rows, HELD_OUT_SEQUENCES, "held-out")):
+    """--kind sequence: the held-out rows (held_out_sequences), then --train-rows of the questions left."""
+    left = len(STEPS) * len(QUESTIONS) - args.eval_rows
+    for option, rows, most, what in (("--eval-rows", args.eval_rows, HELD_OUT_SEQUENCES, "held-out questions"),
+                                     ("--train-rows", args.train_rows, left,
+                                      f"training questions beside the {args.eval_rows:,} held out")):
         if rows > most:
-            parser.error(f"{option} {rows}: --kind sequence has {most:,} distinct {what} questions; give at most that")
+            parser.error(f"{option} {rows}: --kind sequence has {most:,} distinct {what}; give at most that")
     rng = random.Random(args.seed)
-    train, _ = unique_split(lambda rng: make_task(rng, ("sequence",)), rng, args.train_rows, SEQUENCES - args.train_rows)
     try:
         held_out = held_out_sequences(rng, args.eval_rows)
-    except ValueError as error:  # not seen with any seed tried: each step has 50 questions or more
+    except ValueError as error:  # not seen with any seed tried
         parser.error(str(error))
-    write_split(args, "sequence", train, held_out)
+    write_split(args, "sequence", training_sequences(rng, args.train_rows, held_out), held_out)
 
 
 def main(argv=None):

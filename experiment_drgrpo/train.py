@@ -274,8 +274,8 @@ TASKS = {
     "math": Task("data/math_tasks.jsonl", "data/math_tasks_eval.jsonl", "What is 3 + 4 * 2?",
                  "3 + 4 * 2 = 3 + 8 = 11", "11"),
     "sequence": Task("data/sequence.jsonl", "data/sequence_eval.jsonl", "What number comes next: 9, 16, 23, 30, ...?",
-                     "each number is 7 more than the one before; the last is 30, and 30 + 7 = 37", "37"),  # no task
-                     # counts by 7; its step is not its first term, so "7 more" can only mean the step
+                     "the step is 7: 9, 16, 23, 30, 37", "37"),  # the terms written on to the answer; no
+                     # question counts by 7, so copying the example is never right
     **OTHER_TASKS,  # gsm8k, math_latex, knights_knaves, count_words (tiny_grpo/data.py)
 }
 

@@ -35,7 +35,7 @@ def test_the_answer_block_is_not_reasoning():
 
 def test_train_py_pays_it_on_every_committed_row_and_agrees_with_the_benchmarks_checker(monkeypatch):
     """Through experiment_base's Scorer (--reward-fn data.sequence_reward:stated_step, run from the repository's
-    root, the step read from each row's metadata): the worked example's reasoning, written for each of the 200
+    root, the step read from each row's metadata): the worked example's reasoning, written for each of the 500
     rows, earns 1; with a wrong step 0, with a wrong last term 0.5. learning.py's `faithful`, which reads the
     question instead, says the same of each completion: faithful exactly where the reward is 1."""
     from common import load_module
@@ -47,7 +47,7 @@ def test_train_py_pays_it_on_every_committed_row_and_agrees_with_the_benchmarks_
     score = base.Scorer("sequence", weights="correctness=1,format=0,reasoning=0,custom=0.5",
                         reward_fn="data.sequence_reward:stated_step")
     tasks = base.load_tasks("data/sequence.jsonl") + base.load_tasks("data/sequence_eval.jsonl")
-    assert len(tasks) == 200
+    assert len(tasks) == 500
     completions, answers, metadata, questions = [], [], [], []
     for task in tasks:
         terms = [int(t) for t in task["question"].split(": ")[1].split(", ...")[0].split(", ")]
@@ -60,9 +60,9 @@ def test_train_py_pays_it_on_every_committed_row_and_agrees_with_the_benchmarks_
             questions.append(task["question"])
     rewards, terms = score(completions, answers, metadata)
     custom = terms["custom"].tolist()
-    assert custom[0::4] == [1.0] * 200  # the true step and the true last addition
-    assert max(custom[1::4]) == 0 and custom[2::4] == custom[3::4] == [0.5] * 200  # the step said, not the sum
-    assert rewards.tolist()[0::4] == [1.5] * 200  # correctness 1 + 0.5 x 1
+    assert custom[0::4] == [1.0] * 500  # the true step and the true last addition
+    assert max(custom[1::4]) == 0 and custom[2::4] == custom[3::4] == [0.5] * 500  # the step said, not the sum
+    assert rewards.tolist()[0::4] == [1.5] * 500  # correctness 1 + 0.5 x 1
     assert [faithful(q, c) for q, c in zip(questions, completions)] == [c == 1.0 for c in custom]
 
 

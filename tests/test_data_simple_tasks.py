@@ -100,37 +100,38 @@ def terms(question):
     return [int(n) for n in re.findall(r"\d+", question)]
 
 
-def test_sequence_task_trains_on_counting_and_holds_out_what_no_guess_passes(tmp_path):
-    """--kind sequence writes the files of --task sequence, experiment_base's CPU default. Training: counting by 2, 3,
-    4, 5 or 10 from a multiple of the step, 4 or 5 terms, 100 of those 200 questions (the rows they always were).
-    Held out (issue 77): steps from 6 to 41 that no training row has, never 7 (the worked example's), none on more than
-    3 problems; a first term that is no multiple of the step (so never a training question, nor the step itself); no
-    answer a multiple of 10, and none more than 3 times. Each row holds its step."""
-    train, held_out = one_kind(tmp_path, "sequence", "100", "100")
+def test_sequence_task_counts_by_seven_steps_and_holds_out_what_no_guess_passes(tmp_path):
+    """--kind sequence writes the files of --task sequence, experiment_base's CPU default: counting by 2, 3, 4, 5, 6, 8
+    or 9 (never 7, the worked example's, nor 10), from a first term of 1 to 60, 4 or 5 terms. Held out (issue 77):
+    each step on 14 or 15 of 100 problems, a first term that is no multiple of the step (so never the step itself), no
+    answer a multiple of 10, none more than 3 times; no held-out question among the training rows. Each row holds its
+    step; the held-out rows do not depend on how many training rows are drawn."""
+    train, held_out = one_kind(tmp_path, "sequence", "400", "100")
     example = terms(load_experiment().TASKS["sequence"].question)
-    for row in train:
+    assert example[1] - example[0] == 7
+    for row in train + held_out:
         numbers = terms(row["question"])
         step = numbers[1] - numbers[0]
-        assert step in (2, 3, 4, 5, 10) and numbers[0] % step == 0 and len(numbers) in (4, 5), row
+        assert step in (2, 3, 4, 5, 6, 8, 9) and 1 <= numbers[0] <= 60 and len(numbers) in (4, 5), row
         assert row["step"] == step, row  # data/sequence_reward.py's metadata
     steps = Counter()
     for row in held_out:
         numbers = terms(row["question"])
         step = numbers[1] - numbers[0]
-        assert 6 <= step <= 41 and step not in (10, example[1] - example[0]), row
-        assert numbers[0] % step and len(numbers) in (4, 5) and int(row["answer"]) % 10 and row["step"] == step, row
+        assert numbers[0] % step and int(row["answer"]) % 10, row
         steps[step] += 1
-    assert len(steps) == 34 and set(steps.values()) == {2, 3}
+    assert len(steps) == 7 and set(steps.values()) == {14, 15}
     assert max(Counter(row["answer"] for row in held_out).values()) <= 3
+    assert len({row["question"] for row in train}) == 400
     other = run_script(SCRIPT, "--kind", "sequence", "--train-rows", "30", "--eval-rows", "100", "--out-dir", tmp_path / "b")
     assert other.returncode == 0, other.stderr  # the held-out rows do not depend on the training rows' number
     assert (tmp_path / "b" / "sequence_eval.jsonl").read_bytes() == (ROOT / "data" / "sequence_eval.jsonl").read_bytes()
-    assert read_jsonl(tmp_path / "b" / "sequence.jsonl") == train[-30:]  # of the same 200, drawn as before
 
 
 @pytest.mark.parametrize("option, rows, said", [
-    ("--train-rows", "201", "--train-rows 201: --kind sequence has 200 distinct training questions; give at most that"),
-    ("--eval-rows", "2619", "--eval-rows 2619: --kind sequence has 2,618 distinct held-out questions; give at most that"),
+    ("--train-rows", "741", "--train-rows 741: --kind sequence has 740 distinct training questions beside the 100 held "
+                            "out; give at most that"),
+    ("--eval-rows", "421", "--eval-rows 421: --kind sequence has 420 distinct held-out questions; give at most that"),
 ])
 def test_more_sequence_rows_than_questions_are_refused(tmp_path, option, rows, said):
     sizes = {"--train-rows": "100", "--eval-rows": "100", option: rows}

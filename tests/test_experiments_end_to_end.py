@@ -114,13 +114,18 @@ def test_ctrl_c_saves_a_checkpoint(tiny_model_dir, tasks, tmp_path):
     args = tiny_args(tiny_model_dir, tasks, tmp_path, "--max-steps", "100000", "--eval-interval", "0",
                      "--checkpoint-interval", "0")  # no periodic checkpoints: only Ctrl-C can write one
     process = subprocess.Popen([sys.executable, str(script), *map(str, args)], cwd=ROOT, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+                               stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
     deadline = time.time() + 120
     while time.time() < deadline and len(tensorboard_scalars(tmp_path / "runs").get("train/loss", [])) < 2:
         time.sleep(0.5)
     process.send_signal(signal.SIGINT)
-    with hang_guard("the interrupted run", 120):
+    try:
         stdout, stderr = process.communicate(timeout=120)
+    except subprocess.TimeoutExpired:  # once in a CI run it printed "interrupted: saving step 4" and went no further
+        process.send_signal(signal.SIGABRT)  # faulthandler (PYTHONFAULTHANDLER) writes every thread's stack to stderr
+        with hang_guard("the interrupted run, after SIGABRT (a process it started holds its output open?)", 30):
+            _, stderr = process.communicate(timeout=30)
+        pytest.fail(f"the interrupted run did not exit within 120 s; where each thread was:\n{stderr[-8000:]}")
     assert process.returncode == 130, stderr[-3000:]
     steps = sorted((tmp_path / "out" / "e2e").glob("step_*[0-9]"))
     assert len(steps) == 1 and int(steps[0].name.split("_")[1]) >= 2

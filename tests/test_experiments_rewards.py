@@ -120,13 +120,15 @@ def test_every_worked_example_earns_the_full_reward(task_experiment, task):
         assert int(example.answer) == len(example.question.split('"')[1].split())
         rows = (ROOT / "data" / "count_words.jsonl").read_text() + (ROOT / "data" / "count_words_eval.jsonl").read_text()
         assert f'"answer": "{example.answer}"' not in rows
-    if task == "sequence":  # its step is no question's, and not its own first term: "7 more" can only mean the step
+    if task == "sequence":  # the terms written on to the answer, reasoning that computes it; its step is no question's
         import json
 
+        from tiny_grpo.skill import faithful
+
+        assert faithful("sequence", example.question, completion) is True
         terms = [int(t) for t in example.question.split(": ")[1].split(", ...")[0].split(", ")]
         step = terms[1] - terms[0]
-        assert terms[0] != step and f"each number is {step} more" in example.reasoning
-        assert f"{terms[-1]} + {step} = {terms[-1] + step}" in example.reasoning
+        assert ", ".join(map(str, [*terms, terms[-1] + step])) in example.reasoning
         for path in ("sequence.jsonl", "sequence_eval.jsonl"):
             for line in (ROOT / "data" / path).read_text().splitlines():
                 numbers = [int(t) for t in json.loads(line)["question"].split(": ")[1].split(", ...")[0].split(", ")]

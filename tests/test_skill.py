@@ -12,12 +12,10 @@ from conftest import ROOT, TASK_EXPERIMENTS, load_experiment, tensorboard_scalar
 from tiny_grpo.skill import baseline_scores, faithful, faithful_share, guesses, sequence_terms
 
 # The untrained Gemma-3-270M's greedy accuracy on --task sequence's held-out set, which no guess that needs no skill may
-# exceed, or a gain over the untrained model proves nothing: 3% on the held-out set before issue 77, in every run
-# (README, Results: "a held-out accuracy from about 3%"; "before" in each benchmarks/results/learning_*.json). On
-# today's set it answered 0 of 100 (benchmarks/evaluate.py --tasks sequence --max-length 128; AMD EPYC with
-# AVX512-BF16, bfloat16): each named guess scores 0 there too, and adding any fixed step or answering any fixed number
-# scores no more than the 3%.
-UNTRAINED_ACCURACY = 0.03
+# exceed, or a gain over the untrained model proves nothing: 18 of 100 (the evaluation at step 0 of the default
+# command, bfloat16, AMD EPYC with AVX512-BF16, 2026-11-29; docs/results/learning.md). The best guess, the last term +
+# the training's commonest step, is right on the 15 problems of that step; adding any other one step scores no more.
+UNTRAINED_ACCURACY = 0.18
 
 correctness = load_experiment().correctness  # experiment_base's own answer comparison, as its evaluation scores
 
@@ -83,21 +81,21 @@ def test_the_other_tasks_guesses_are_compared_their_own_way():
 
 
 def test_no_guess_passes_the_sequence_held_out_set():
-    """Item 2: on data/sequence_eval.jsonl no guess is right even once, and the last term plus any one step (no step on
-    more than 3 problems in 100) or any one answer scores at most the untrained model's accuracy. On the training rows
-    the guesses pass: there the next multiple of 10 is right 41 times in 100 (on the held-out set before, 39)."""
+    """Item 2: on data/sequence_eval.jsonl each guess scores at most the untrained model's accuracy: the last term plus
+    any one step (each step on 14 or 15 problems in 100), any one answer (3 at most), and every named guess. On the
+    training rows, drawn from every question, the next multiple of 10 is right 11.5 times in 100."""
     train, held_out = read_jsonl(ROOT / "data" / "sequence.jsonl"), read_jsonl(ROOT / "data" / "sequence_eval.jsonl")
     scores = baseline_scores("sequence", train, held_out, correctness)
     assert len(scores) == 7 and max(scores.values()) <= UNTRAINED_ACCURACY, scores
-    assert set(scores.values()) == {0.0}, scores
+    assert scores == {"eval/baseline_last_plus_common_step": 0.15, **{name: 0.0 for name in scores if "common_step" not in name}}
     steps = Counter(terms[1] - terms[0] for terms in (sequence_terms(row["question"]) for row in held_out))
     assert max(steps.values()) / len(held_out) <= UNTRAINED_ACCURACY, steps.most_common(3)
     answers = Counter(int(row["answer"]) for row in held_out)
-    assert max(answers.values()) / len(held_out) <= UNTRAINED_ACCURACY, answers.most_common(3)
+    assert max(answers.values()) / len(held_out) <= 0.03, answers.most_common(3)
     assert baseline_scores("sequence", train, train, correctness) == {
-        "eval/baseline_most_common": 0.05, "eval/baseline_last_term": 0.0, "eval/baseline_last_plus_one": 0.0,
-        "eval/baseline_next_ten": 0.41, "eval/baseline_last_plus_ten": 0.18, "eval/baseline_last_plus_first": 0.05,
-        "eval/baseline_last_plus_common_step": 0.23}
+        "eval/baseline_most_common": 0.025, "eval/baseline_last_term": 0.0, "eval/baseline_last_plus_one": 0.0,
+        "eval/baseline_next_ten": 0.115, "eval/baseline_last_plus_ten": 0.0, "eval/baseline_last_plus_first": 0.0175,
+        "eval/baseline_last_plus_common_step": 0.16}
 
 
 Q = sequence(20, 24, 28, 32)

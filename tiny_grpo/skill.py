@@ -14,7 +14,8 @@ The guesses of each task (none looks at the answer; each reads the question and 
   knights_knaves                 all_knights, all_knaves  every speaker given the same role
 The runs' guesses on --task sequence were the last term, the last + 1, the last + 10 and round numbers
 (benchmarks/results/learning_*.json). The last + any other fixed step is no function here: data/make_simple_tasks.py
-gives no held-out problem the worked example's step (7), each training step 1 in 100, and any other step 3 at most.
+gives no held-out problem the worked example's step (7), and each of its seven steps 14 or 15 problems in 100:
+adding any one step scores at most 15%, below the untrained model's 18%.
 """
 
 import re
@@ -54,10 +55,10 @@ def most_common(values):
     """The most common value; among equals, the first seen."""
     return Counter(values).most_common(1)[0][0]
 
-# ---- --task sequence: "What number comes next: 15, 20, 25, 30, ...?" ----
+# ---- --task sequence: "What number comes next: 17, 21, 25, 29, ...?" ----
 
 def sequence_terms(question):
-    """The terms a sequence question shows, after its last colon: [15, 20, 25, 30]; [] if one has over DIGITS digits."""
+    """The terms a sequence question shows, after its last colon: [17, 21, 25, 29]; [] if one has over DIGITS digits."""
     numbers = re.findall(r"-?\d+", question.rpartition(":")[2])
     return [int(n) for n in numbers] if all(len(n) <= DIGITS + 1 for n in numbers) else []
 
