@@ -16,9 +16,9 @@ The same seed writes the same bytes, and no held-out question appears in the tra
 `--task sequence` (the CPU default) and `--task count_words`, chosen because the packaged model sometimes answers
 them right but rarely at its first guess (README, "Candidates for a task the packaged model can learn").
 --kind sequence counts by 2, 3, 4, 5, 6, 8 or 9 from a first term of 1 to 60 (840 questions); its held-out rows
-are drawn first, so that no guess passes (`held_out_sequences`: each step on 1 row in 7, first terms that are no
-multiple of the step, no round answer), so that held-out accuracy is the skill, not a shortcut of the training rows,
-which are drawn from the questions left.
+are drawn first, built so that no guess passes (`held_out_sequences`: each step on 1 row in 7, first terms that are
+no multiple of the step, no round answer): held-out accuracy is the skill, not a shortcut. The training rows are
+drawn from the questions left.
 
     python data/make_simple_tasks.py                   # 1,500 training + 900 held-out rows, every kind
     python data/make_simple_tasks.py --kind sequence --train-rows 400 --eval-rows 100
@@ -91,8 +91,8 @@ def sequence_row(terms, step):
 
 
 # The sequences count by 2, 3, 4, 5, 6, 8 or 9 from a first term of 1 to 60, with 4 or 5 terms: a skill the untrained
-# model shows on about 1 question in 5 with its worked example (experiment_base's TASKS: the step found as a
-# difference, then the terms written on), and one each question of a step shares, so that training on some questions
+# model shows on about 1 question in 5 with its worked example (experiment_base's TASKS: the step said, then the
+# terms written on to the answer), and one each question of a step shares, so that training on some questions
 # carries over to others. Not 7, the worked example's step (its terms, copied, are right on no question), nor 10
 # (round answers). The held-out questions are drawn first, so that no guess that needs no skill passes
 # (tiny_grpo/skill.py; tests/test_skill.py): the steps taken in turn (adding any one step is right on 1 question in 7,
@@ -102,8 +102,6 @@ def sequence_row(terms, step):
 STEPS = [2, 3, 4, 5, 6, 8, 9]
 STARTS = range(1, 61)
 MOST_PER_ANSWER = 3  # held-out rows with the same answer, in 100
-
-
 QUESTIONS = [(start, length) for start in STARTS for length in (4, 5)]  # (first term, terms) of each step's questions
 
 
