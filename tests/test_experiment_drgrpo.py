@@ -424,7 +424,8 @@ def test_micro_batches_give_the_whole_batch_gradient(drgrpo, tiny_model_dir, alg
         grads.append(recorder.grads)
     assert any(g.abs().sum() > 0 for g in grads[0])
     for whole, accumulated in zip(*grads):
-        assert torch.allclose(whole, accumulated, atol=1e-6, rtol=1e-4)
+        # float32 rounding (each row runs at its own width alone, at the widest row's in the batch of 3)
+        assert (whole - accumulated).abs().max() <= 1e-5 * whole.abs().max()
 
 
 @pytest.mark.parametrize("algorithm,updates", [("drgrpo", 1), ("dapo", 2)])

@@ -3,6 +3,7 @@
 import contextlib
 import math
 import os
+import random
 
 import pytest
 import torch
@@ -256,15 +257,19 @@ def log_probs_and_body_shapes(experiment, model, ids, mask, num_actions):
 
 
 def test_rows_that_share_a_prompt_run_it_once(tiny):
-    """pack_prompts: the body runs each prompt once, followed by each of its completions, and every log-prob and
-    every LoRA gradient equals the textbook computation on the rows one by one (each completion sees its prompt
-    and itself, at its row's positions)."""
+    """pack_prompts: the body runs each prompt once, followed by each of its completions without their trailing
+    padding, and every log-prob and every LoRA gradient equals the textbook computation on the rows one by one (each
+    completion sees its prompt and itself, at its row's positions)."""
     experiment, model, tokenizer = tiny
     model.train()
     ids, mask, num_actions = grouped_sequences(tokenizer)
     log_probs, shapes = log_probs_and_body_shapes(experiment, model, ids, mask, num_actions)
     prompt_width = ids.shape[1] - num_actions
-    assert shapes == [(3, prompt_width + 3 * num_actions)]  # 3 prompts, the longest group's 3 completions after each
+    lengths = mask[:, prompt_width:].sum(1)  # each completion's real tokens (its padding is all after them)
+    prompts = [tuple(row) for row in ids[:, :prompt_width].tolist()]
+    widest = max(sum(n for p, n in zip(prompts, lengths.tolist()) if p == prompt) for prompt in set(prompts))
+    assert lengths.min() < num_actions and widest < 3 * num_actions  # some padding to leave out
+    assert shapes == [(3, prompt_width + widest)]  # 3 prompts, after each its completions end to end
     expected = naive_log_probs(model, ids, mask, num_actions)
     assert torch.allclose(log_probs, expected, atol=1e-5) and (log_probs != 0).sum() == mask[:, -num_actions:].sum()
     params = [p for p in model.parameters() if p.requires_grad]
@@ -293,7 +298,8 @@ def test_packed_prompts_keep_each_rows_sliding_window(experiment, window):
     mask[[1, 4], :2] = 0  # left padding
     mask[0, 11:] = mask[2, 9:] = 0  # right padding
     packed = tiny_grpo.logprobs.pack_prompts(ids, mask, 6, config)
-    assert packed[0].shape == (3, 8 + 3 * 6) and set(packed[2]) == {"sliding_attention", "full_attention"}
+    assert packed[0].shape == (3, 8 + 3 + 1 + 6)  # rows 0, 2, 3 after their prompt, without their right padding
+    assert set(packed[2]) == {"sliding_attention", "full_attention"}
     with torch.no_grad():
         log_probs, _ = experiment.sequence_log_probs(model, ids, mask, 6)
         assert torch.allclose(log_probs, naive_log_probs(model, ids, mask, 6), atol=1e-5)
@@ -1002,6 +1008,21 @@ def test_zero_advantages_are_left_out_and_the_update_is_the_same(module_name, op
         assert all(state["step"] == args.updates_per_step for state in optimizer.state.values())
         assert ("entropy" in stats) == (sum(ran) > 0) and stats["loss"] == pytest.approx(stats["loss"])
     assert all(torch.allclose(a, b, atol=1e-7, rtol=0) for a, b in zip(*weights))  # float32 rounding apart
+
+
+def test_micro_batches_hold_whole_groups_and_only_the_rows_that_count():
+    """micro_batches: the plain form is rows.split(size), the shuffled mini-batch as it comes. The fast form keeps
+    only the rows counted, each once, in the batch's order, where a prompt's G completions lie side by side: 3 groups
+    of 4 that count, shuffled, in micro-batches of 4 are the 3 groups, one each (pack_prompts then runs each prompt
+    once, not once for each completion a shuffled split gives it)."""
+    rows = torch.tensor(random.Random(0).sample(range(16), 16))  # a mini-batch: the whole batch, shuffled
+    assert [idx.tolist() for idx in tiny_grpo.update.micro_batches(rows, 5)] == [r.tolist() for r in rows.split(5)]
+    counted = torch.ones(16, dtype=torch.bool)
+    counted[8:12] = False  # the third group's rewards were equal: advantage 0
+    parts = tiny_grpo.update.micro_batches(rows, 4, counted)
+    assert [idx.tolist() for idx in parts] == [[0, 1, 2, 3], [4, 5, 6, 7], [12, 13, 14, 15]]
+    assert [idx.tolist() for idx in tiny_grpo.update.micro_batches(rows[:7], 4, counted)] == [[0, 4, 6, 7], [12, 15]]
+    assert tiny_grpo.update.micro_batches(rows, 4, torch.zeros(16, dtype=torch.bool)) == []
 
 
 # The copies whose pi_old is tiny_grpo.update.OldLogProbs in one process (experiment_drgrpo with --algorithm grpo)

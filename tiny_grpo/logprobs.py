@@ -158,7 +158,8 @@ def fast_log_probs(model, input_ids, attention_mask, num_actions, temperature=1.
 def pack_prompts(input_ids, attention_mask, num_actions, config):
     """The rows of a batch that share a prompt (their first W - num_actions columns, ids and mask), packed into one
     sequence each: [prompt, completion 1, ..., completion k], k as large as saves FLOPs (below), a prompt's rows split
-    evenly among its sequences (16 rows at most 15 a sequence: 8 + 8, not 15 + 1). The body then runs
+    evenly among its sequences (16 rows at most 15 a sequence: 8 + 8, not 15 + 1), each completion without the
+    padding after its last real token (one with 40 tokens in a batch 128 wide takes 40 columns). The body then runs
     each prompt once per packed sequence instead of once per completion: at 4 prompts x 4 x 64 on Gemma-3 two thirds
     of every row is prompt (README, "Speed and memory against TRL"). A 4-D attention mask lets each completion token
     see the prompt and the earlier tokens of its own completion, as in its row (sliding-window layers: the same
@@ -166,7 +167,8 @@ def pack_prompts(input_ids, attention_mask, num_actions, config):
     one by one, up to float rounding (tested).
     Returns (ids [K, L], position ids [K, L], the mask, before [B, num_actions]: where the state before each completion
     token lies in the packed hidden states [K L, H]). Only SDPA takes such a mask: with another attention
-    (flash-attention 2 on CUDA) or another kind of layer, every row is a sequence of its own, with its 2-D mask."""
+    (flash-attention 2 on CUDA) or another kind of layer, every row is a sequence of its own, with its 2-D mask, as
+    wide as the longest of them."""
     rows, width = input_ids.shape
     prompt_width, device = width - num_actions, input_ids.device
     positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # left padding: positions count real tokens only
@@ -186,13 +188,19 @@ def pack_prompts(input_ids, attention_mask, num_actions, config):
     member = member % per  # [B]: its place there
     first = torch.zeros(int(group.max()) + 1, dtype=torch.long, device=device)
     first[group[member == 0]] = (member == 0).nonzero().flatten()  # the row each packed sequence takes its prompt from
-    length = prompt_width + (int(member.max()) + 1) * num_actions
-    where = prompt_width + member[:, None] * num_actions + torch.arange(num_actions, device=device)  # [B, num_actions]
+    # each completion without its trailing padding: a batch's rows are as wide as its longest, which may be 3x the rest
+    token = torch.arange(num_actions, device=device)
+    ends = ((token + 1) * attention_mask[:, prompt_width:]).amax(1)  # [B]: the columns up to its last real token
+    keep = token < ends[:, None]  # [B, num_actions]
+    earlier = (group[:, None] == group[None, :]) & (member[None, :] < member[:, None])  # the rows packed before it
+    start = prompt_width + (earlier.long() * ends[None, :]).sum(1)  # [B]: where its completion begins
+    length = int((start + ends).max())
+    where = start[:, None] + token  # [B, num_actions]: each completion token's column in its packed sequence
 
     def packed(x, fill=0):  # [B, W] -> [K, L]: the prompt, then each of the sequence's rows' completions in turn
         out = x.new_full((len(first), length), fill)
         out[:, :prompt_width] = x[first, :prompt_width]
-        out[group[:, None], where] = x[:, prompt_width:]
+        out[group[:, None].expand_as(where)[keep], where[keep]] = x[:, prompt_width:][keep]
         return out
 
     ids, position_ids = packed(input_ids), packed(positions)

@@ -10,11 +10,15 @@ from tiny_grpo.errors import DivergedError
 
 
 def micro_batches(rows, size, counted=None):
-    """rows.split(size), the plain form; with counted [n] (a bool per sequence of the batch), only the rows counted,
-    and no empty part. With beta = 0 a sequence whose advantage is 0 (a group of equal rewards) adds exactly 0 to the
-    loss and to its gradient: no pass needs to run it, and each mean still divides by all the sequences."""
+    """rows.split(size), the plain form; with counted [n] (a bool per sequence of the batch), the fast form: only the
+    rows counted, in the batch's order, and no empty part. With beta = 0 a sequence whose advantage is 0 (a group of
+    equal rewards) adds exactly 0 to the loss and to its gradient: no pass needs to run it, and each mean still
+    divides by all the sequences. The batch's order: a rollout lays each prompt's completions side by side, so a
+    micro-batch holds whole groups and pack_prompts runs each prompt once for all of its rows there, not once for each
+    of the one or two a shuffled split leaves it. Which micro-batch a row of the mini-batch falls in changes only the
+    order of the gradient's sum (every weight is a row's or a token's share of the whole mini-batch)."""
     if counted is not None:
-        rows = rows[counted[rows]]
+        rows = rows[counted[rows]].sort().values
     return [idx for idx in rows.split(size) if len(idx)]
 
 
