@@ -55,12 +55,13 @@ SET_HERE = {"--max-steps": "give learning.py's --steps", "--eval-interval": "giv
 def recipe(task, experiment):
     """The options the demo gives train.py before yours after -- (yours win: the last of an option counts). math: the
     two-term two-digit +/- rows. sequence: none, as train.py's CPU defaults are the recipe (DEVICE_DEFAULTS: 8 prompts a
-    step of 8 completions each, sampled at temperature 0.35 (experiment_drgrpo: 0.8), the reward correctness alone,
-    and in experiment_base no KL term; experiment_drgrpo's algorithms choose their own beta). With the format terms
-    the packaged model wins format in a few steps and most groups then hold equal rewards, which give no gradient.
-    On the seven-step sequences the untrained model's samples of 32 training prompts x 8 were right 5% of the time at
-    T 0.8 and 18% at 0.35, computed by their reasoning 8 and 33 times, with 12 and 16 groups of 32 that differ:
-    docs/results/learning.md has the screen and the runs."""
+    step of 8 completions each, sampled at temperature 0.35, lr 5e-5 (experiment_drgrpo: 0.8 and 1e-4), the reward
+    correctness alone, and in experiment_base no KL term; experiment_drgrpo's algorithms choose their own beta). With
+    the format terms the packaged model wins format in a few steps and most groups then hold equal rewards, which give
+    no gradient. On the seven-step sequences the untrained model's samples of 32 training prompts x 8 were right 5% of
+    the time at T 0.8 and 18% at 0.35, computed by their reasoning 8 and 33 times, with 12 and 16 groups of 32 that
+    differ; a step moves log softmax(z / T) by about lr / T, so the lower T takes half the rate: docs/results/learning.md
+    has the screen and the runs."""
     if task == "math":
         return ["--filter", "num_terms=2", "--filter", "num_digits=2", "--filter", "ops=+,-"]
     return []

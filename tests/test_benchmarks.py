@@ -191,7 +191,7 @@ def test_the_learning_recipe_comes_before_the_users_options():
     base, drgrpo = load_experiment(), load_experiment("experiment_drgrpo")
     options = base.parse_args(["--device", "cpu"])
     assert (options.task, options.group_size, options.rollouts_per_step, options.max_steps) == ("sequence", 8, 8, 20)
-    assert options.kl_weight == 0 and options.temperature == 0.35 and options.eval_prompts == 100
+    assert options.kl_weight == 0 and options.temperature == 0.35 and options.lr == 5e-5 and options.eval_prompts == 100
     assert base.Scorer("sequence", weights=options.reward_weights).weights == {"correctness": 1, "format": 0, "reasoning": 0}
     options = base.parse_args(["--device", "cpu", "--group-size", "3", "--kl-weight", "0.1", "--rollouts-per-step", "4",
                                "--temperature", "1"])
