@@ -114,11 +114,10 @@ def tiny(experiment, tiny_model_dir):
 
 def earlier_cpu_defaults(module):
     """The options whose CPU default became the learning recipe on 2026-11-27 (temperature 0.8, beta 0, correctness
-    alone) and on 2026-11-29 (temperature 0.35, lr 5e-5), at the values the tests here were written and measured
-    against: temperature 1, lr 1e-4, beta 0.01 where the copy's default is by device (experiment_drgrpo's algorithms
-    choose their own), every reward term. Only for the copies that train on --task; the multi-turn ones keep their
-    own CPU defaults."""
-    pinned = {"temperature": "1.0", "lr": "1e-4", "kl_weight": "0.01", "reward_weights": ""}
+    alone), at the values the tests here were written and measured against: temperature 1, beta 0.01 where the copy's
+    default is by device (experiment_drgrpo's algorithms choose their own), every reward term. Only for the copies
+    that train on --task; the multi-turn ones keep their own CPU defaults. (The learning tests give their own lr.)"""
+    pinned = {"temperature": "1.0", "kl_weight": "0.01", "reward_weights": ""}
     if module.EXPERIMENT not in TASK_EXPERIMENTS:
         return []
     return [x for name, value in pinned.items() if name in module.DEVICE_DEFAULTS for x in (f"--{name.replace('_', '-')}", value)]
