@@ -867,7 +867,7 @@ def test_resume_applies_a_new_learning_rate_and_refuses_other_data(two_steps, ti
 
     module, run_dir = two_steps
     module.main([str(a) for a in tiny_run(module, tiny_model_dir, tmp_path, "--resume", run_dir, "--lr", "3e-3", steps=3)])
-    assert "--lr 0.003 from here on (the checkpoint's run had 0.0001)" in capsys.readouterr().out
+    assert "--lr 0.003 from here on (the checkpoint's run had 5e-05)" in capsys.readouterr().out
     state = tiny_grpo.checkpoints.load_state_file(run_dir / "step_000003")
     assert state["args"]["lr"] == 3e-3 and state["optimizer"]["param_groups"][0]["lr"] == pytest.approx(3e-3)
     assert state["scheduler"]["base_lrs"] == [3e-3]
