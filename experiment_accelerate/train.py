@@ -68,8 +68,8 @@ DEVICE_DEFAULTS = dict(  # the options whose default depends on the device: (on 
     task=("math", "sequence"))
 # CUDA: TRL's num_generations (8) and max_completion_length (512), 16 prompts. CPU: a recipe for 20 steps of
 # Gemma-3-270M: T = 0.35, where the untrained model's samples are right 3x as often as at T = 0.8 and as many groups
-# differ, and lr 5e-5: a step moves log pi = log softmax(z / T) by about lr / T (README, Results); correctness alone,
-# as the format terms, once won, leave groups of equal rewards; no KL.
+# differ, and lr 5e-5: a step moves log pi = log softmax(z / T) by about lr / T (docs/results/learning.md);
+# correctness alone, as the format terms, once won, leave groups of equal rewards; no KL.
 
 def parse_args(argv=None):
     """The options that shape GRPO, then the rest (add_setup_options, tiny_grpo/options.py). A type such as

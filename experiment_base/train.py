@@ -55,8 +55,8 @@ DEVICE_DEFAULTS = dict(  # the options whose default depends on the device: (on 
     task=("math", "sequence"))
 # CUDA: TRL's num_generations (8) and max_completion_length (512), 16 prompts. CPU: a recipe for 20 steps of
 # Gemma-3-270M: T = 0.35, where the untrained model's samples are right 3x as often as at T = 0.8 and as many groups
-# differ, and lr 5e-5: a step moves log pi = log softmax(z / T) by about lr / T (README, Results); correctness alone,
-# as the format terms, once won, leave groups of equal rewards; no KL.
+# differ, and lr 5e-5: a step moves log pi = log softmax(z / T) by about lr / T (docs/results/learning.md);
+# correctness alone, as the format terms, once won, leave groups of equal rewards; no KL.
 
 def parse_args(argv=None):
     """The options that shape GRPO, then the rest (add_setup_options, tiny_grpo/options.py). A type such as
@@ -470,7 +470,7 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
         shuffled = torch.tensor(random.Random(f"{args.seed} {step} {epoch}").sample(range(n), n))  # PPO's mini-batches
         for rows in shuffled.tensor_split(args.updates_per_step):  # (complete_args: none is empty)
             optimizer.zero_grad(set_to_none=True)
-            for idx in micro_batches(rows, args.train_batch_size, counted):  # rows.split(size), less what adds 0
+            for idx in micro_batches(rows, args.train_batch_size, None if args.plain else counted):  # rows.split(size)
                 new_log_probs, entropy = log_probs(model, idx)
                 old_log_probs = old(idx, epoch, new_log_probs)  # log pi_old of these rows
                 ref = None if ref_log_probs is None else ref_log_probs[idx]

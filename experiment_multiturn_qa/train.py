@@ -558,7 +558,7 @@ def train_step(model, batch, args, optimizer, scheduler, reference=None, step=0)
         shuffled = torch.tensor(random.Random(f"{args.seed} {step} {epoch}").sample(range(n), n))  # PPO's mini-batches
         for rows in shuffled.tensor_split(args.updates_per_step):  # (complete_args: none is empty)
             optimizer.zero_grad(set_to_none=True)
-            for idx in micro_batches(rows, args.train_batch_size, counted):  # rows.split(size), less what adds 0
+            for idx in micro_batches(rows, args.train_batch_size, None if args.plain else counted):  # rows.split(size)
                 new_log_probs, entropy = log_probs(model, idx)
                 old_log_probs = old(idx, epoch, new_log_probs)  # log pi_old of these rows
                 ref = None if ref_log_probs is None else ref_log_probs[idx]

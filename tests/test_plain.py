@@ -18,8 +18,8 @@ FAST = ((tiny_grpo.decode, "sample_fast"), (tiny_grpo.logprobs, "fast_log_probs"
 
 
 def counting(monkeypatch, calls):
-    """The fast forms a train.py imports (FAST), and OldLogProbs' pi_old off the first pass, counting their calls in
-    calls; set before the train.py is loaded, which then imports these."""
+    """The fast forms a train.py imports (FAST), OldLogProbs' pi_old off the first pass and micro_batches' fast form,
+    counting their calls in calls; set before the train.py is loaded, which then imports these."""
     for module, name in FAST:
         real = getattr(module, name)
 
@@ -35,6 +35,14 @@ def counting(monkeypatch, calls):
         return real_call(self, *args)
 
     monkeypatch.setattr(tiny_grpo.update.OldLogProbs, "__call__", pi_old)
+    real_split = tiny_grpo.update.micro_batches
+
+    def micro_batches(rows, size, counted=None):  # the fast form: the rows counted, in the batch's order
+        calls["micro-batches of the rows counted"] = calls.get("micro-batches of the rows counted", 0) + (
+            counted is not None)
+        return real_split(rows, size, counted)
+
+    monkeypatch.setattr(tiny_grpo.update, "micro_batches", micro_batches)
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
@@ -47,7 +55,8 @@ def test_a_plain_run_is_the_default_run(name, tiny_model_dir, tmp_path, monkeypa
     first step, LoRA's B at 0) the KL's gradient is exactly 0 in the plain form but rounding in the fast one, whose
     pi_ref and pi_theta passes pack other rows together, and Adam makes that rounding a step of lr.
     The default run takes sample_fast and fast_log_probs; --plain takes neither, nor rows_that_count, nor pi_old off
-    the first pass; and --help offers --plain."""
+    the first pass, nor micro-batches sorted to the rows counted (rows.split(size) instead); and --help offers
+    --plain."""
     assert "--plain" in help_text(name)
     monkeypatch.chdir(ROOT)  # the tasks' data paths are relative to the repository root
     (tmp_path / "length_reward.py").write_text("def reward(completion, answer, metadata):\n"
