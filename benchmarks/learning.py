@@ -11,8 +11,8 @@ OUT/learning.json, and the curves as a figure (benchmarks/figures/learning.png, 
     {"runs": [{"seed", "before": {"accuracy", "format_rate"}, "after", "gain", "minutes", "curves", "samples",
                "reasoning"}, ...], "summary": {"gain": {"min", "median", "max"}, ...}, "experiment", "task", "steps", "machine"}
 
-    python benchmarks/learning.py                          # one seed, 20 steps: 11-21 minutes on a 2-core Sapphire Rapids
-                                                           # in bfloat16, 17-26 minutes there in float32
+    python benchmarks/learning.py                          # one seed, 30 steps: about 15 minutes on a 2-core AMD EPYC
+                                                           # in bfloat16, about 25 there in float32 (AVX2 kernels)
     python benchmarks/learning.py --seeds 3                # seeds 42, 43, 44, and the gain over them
     python benchmarks/learning.py --task count_words       # learns a constant: see the README
     python benchmarks/learning.py -- --lr 5e-5 --dtype float32   # anything after -- goes to train.py
@@ -74,7 +74,8 @@ def parse_args(argv=None):
                    "experiment_drgrpo takes --algorithm or --preset after -- (default: %(default)s)")
     p.add_argument("--task", choices=TASKS, default="sequence", help="experiment_base's --task (its CPU default is sequence); math keeps its two-term two-digit +/- rows "
                    "(a --filter of yours after -- replaces one on the same field) (default: %(default)s)")
-    p.add_argument("--steps", type=int, default=20, help="training steps (default: %(default)s)")
+    p.add_argument("--steps", type=int, help="training steps (default: the experiment's on a CPU: 30 for experiment_base, "
+                   "20 for experiment_drgrpo)")
     p.add_argument("--samples", type=int, default=100, help="held-out problems to sample one completion each for at the "
                    "end, at the training temperature (default: %(default)s)")
     p.add_argument("--seed", type=int, default=42, help="the first seed, train.py's --seed (default: %(default)s)")
@@ -87,6 +88,8 @@ def parse_args(argv=None):
     p.add_argument("--run-name", default=None, help="run name (default: learning-<time>)")
     p.add_argument("train_args", nargs="*", help="extra options for train.py, after --")
     args = p.parse_args(argv)
+    if args.steps is None:  # train.py's own --max-steps on a CPU (DEVICE_DEFAULTS), which its recipe was measured at
+        args.steps = load_experiment(args.experiment).DEVICE_DEFAULTS["max_steps"][1]
     if min(args.steps, args.eval_prompts, args.eval_interval, args.seeds) < 1 or args.samples < 0:
         p.error("--steps, --eval-prompts, --eval-interval and --seeds must be at least 1, --samples at least 0")
     for given in args.train_args:  # an option after -- is train.py's, which takes a prefix of an option's name too

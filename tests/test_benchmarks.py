@@ -186,11 +186,12 @@ def test_the_learning_recipe_comes_before_the_users_options():
     from common import load_module
 
     learning = load_module(ROOT / "benchmarks" / "learning.py")
-    assert learning.parse_args([]).experiment == "experiment_base" and learning.parse_args([]).steps == 20
+    assert learning.parse_args([]).experiment == "experiment_base" and learning.parse_args([]).steps == 30
+    assert learning.parse_args(["--experiment", "experiment_drgrpo"]).steps == 20  # each train.py's own CPU default
     assert learning.recipe("sequence", "experiment_base") == [] == learning.recipe("sequence", "experiment_drgrpo")
     base, drgrpo = load_experiment(), load_experiment("experiment_drgrpo")
     options = base.parse_args(["--device", "cpu"])
-    assert (options.task, options.group_size, options.rollouts_per_step, options.max_steps) == ("sequence", 8, 8, 20)
+    assert (options.task, options.group_size, options.rollouts_per_step, options.max_steps) == ("sequence", 8, 8, 30)
     assert options.kl_weight == 0 and options.temperature == 0.35 and options.lr == 5e-5 and options.eval_prompts == 100
     assert base.Scorer("sequence", weights=options.reward_weights).weights == {"correctness": 1, "format": 0, "reasoning": 0}
     options = base.parse_args(["--device", "cpu", "--group-size", "3", "--kl-weight", "0.1", "--rollouts-per-step", "4",

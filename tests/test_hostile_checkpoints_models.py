@@ -291,3 +291,15 @@ def test_a_partly_assembled_packaged_gguf_is_assembled_again(tmp_path, monkeypat
     assert target.stat().st_size == sum(p.stat().st_size for p in package.chunk_paths())
     assert package.assemble() == target  # its SHA-256 is the package's
     assert [p.name for p in target.parent.iterdir()] == [target.name]  # no partial file left
+
+
+def test_a_checkpoints_held_out_curve_is_shown_only_where_it_is_sound():
+    """A resumed run's progress bar and closing line start from the held-out accuracies its checkpoint keeps; an
+    edited or older training state shows none, and the resume goes on (they are only shown)."""
+    from tiny_grpo.checkpoints import held_out_so_far
+
+    assert held_out_so_far([[0, 0.18], [10, 0.36]], 10) == [[0, 0.18], [10, 0.36]]
+    for saved in (None, "18%", {"0": 0.18}, [[0, 1.5]], [[0, -0.1]], [[11, 0.5]], [[-1, 0.5]], [[True, 0.5]],
+                  [[0, "0.5"]], [[0]], [[0, 0.1, 0.2]], [[0, float("nan")]]):
+        assert held_out_so_far(saved, 10) == [], saved
+    assert held_out_so_far([[0, 0.18]], None) == []  # a state without its step

@@ -42,7 +42,9 @@ class Bookkeeping:
         self.main, self.interrupts, self.memory = main_process, interrupts or Interrupts(), PhasePeaks(args.device)
         self.logger = Logger(args, step) if main_process else Silent()
         self.rollouts = RolloutLog(args, step, self.weights, tokenizer) if main_process else Silent()  # rollouts.jsonl
-        self.evals = {}  # step: the held-out evaluation's metrics, for the progress bar and the closing line
+        # step: the held-out evaluation's metrics, for the progress bar and the closing line; a resumed run's from
+        # its checkpoint (the accuracy alone), so that both show the whole run's, from step 0
+        self.evals = {s: {"eval/accuracy": accuracy} for s, accuracy in getattr(args, "held_out", None) or []}
         self.progress = tqdm(total=args.max_steps, initial=step, desc=args.run_name, dynamic_ncols=True,
                              disable=not main_process)
         self.started = self.sampled = self.last_length = None  # the step's clock; the last step's completion length
@@ -90,6 +92,7 @@ class Bookkeeping:
                                                    result.completions, right)}
         metrics = {**metrics, **self.baselines}
         self.evals[self.step] = metrics
+        self.args.held_out = [[s, m["eval/accuracy"]] for s, m in sorted(self.evals.items())]  # what checkpoints keep
         self.rollouts.evaluation(self.step, metrics, self.eval_tasks, result)
         if self.step == 0 or self.evaluation_owed:  # no report of this step follows
             self.logger.scalars(metrics, self.step)

@@ -45,6 +45,7 @@ def claim_run(args, problem=None):
     state = load_state_file(checkpoint_dir) if checkpoint_dir else {}
     # the held-out evaluation a stop cut short at the checkpoint's step: the resumed run makes it first (Bookkeeping)
     args.evaluation_owed = bool(state.get("evaluation_owed"))
+    args.held_out = held_out_so_far(state.get("held_out"), state.get("step"))  # the resumed run's curve, from step 0
     # the starts whose rollout-log lines the checkpoint's branch holds (RolloutLog keeps those); None: not recorded
     starts = state.get("log_starts") if checkpoint_dir else []
     args.log_starts = starts if isinstance(starts, list) else None
@@ -148,7 +149,19 @@ def training_state(args, step, position):
     return {"step": step, "data_position": list(position), "run_name": args.run_name, "experiment": args.experiment,
             "args": recorded_options(args), "data": args.data_fingerprint, "model": getattr(args, "model_fingerprint", {}),
             "evaluation_owed": getattr(args, "evaluation_owed", False),  # a stop cut the step's evaluation short
-            "log_starts": getattr(args, "log_starts", None)}  # the rollout log's starts of this branch (RolloutLog)
+            "log_starts": getattr(args, "log_starts", None),  # the rollout log's starts of this branch (RolloutLog)
+            "held_out": getattr(args, "held_out", [])}  # [[step, accuracy], ...]: the evaluations so far (Bookkeeping)
+
+def held_out_so_far(saved, step):
+    """A checkpoint's held-out accuracies ([[step, accuracy], ...] up to its step), for the resumed run's progress
+    bar and closing line; [] where it has none (a checkpoint from before 2026-11-29) or they are not such pairs: they
+    are only shown, so a resume never fails on them."""
+    def pair(item):
+        return (isinstance(item, (list, tuple)) and len(item) == 2 and type(item[0]) is int
+                and isinstance(item[1], float) and 0 <= item[0] <= step and 0 <= item[1] <= 1)
+    if not isinstance(saved, list) or not isinstance(step, int) or not all(map(pair, saved)):
+        return []
+    return [[s, accuracy] for s, accuracy in saved]
 
 def data_fingerprint(path):
     """The training data whose position a checkpoint holds: its resolved path, and the size and SHA-256 of its

@@ -46,8 +46,8 @@ def http_url(text):
 def recorded_options(args):
     """The options as checkpoints and W&B record them: all of them, the reward service's credentials and query
     redacted, the data's fingerprint apart (training_state stores it)."""
-    return {**{k: v for k, v in vars(args).items() if k not in ("data_fingerprint", "model_fingerprint", "evaluation_owed", "log_starts")},
-            "reward_url": redact(args.reward_url)}
+    apart = ("data_fingerprint", "model_fingerprint", "evaluation_owed", "log_starts", "held_out")  # training_state's
+    return {**{k: v for k, v in vars(args).items() if k not in apart}, "reward_url": redact(args.reward_url)}
 
 def folder_name(text):
     """An argparse type: one plain folder name, so that a run writes only inside --checkpoint-path and --log-dir."""
