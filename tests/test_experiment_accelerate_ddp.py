@@ -104,7 +104,8 @@ def test_resume_on_two_processes(first_run, tiny_model_dir, run_dir):
     result = launch(*ddp_args(tiny_model_dir, run_dir, "--max-steps", "3", "--eval-interval", "0",
                               "--resume", run_dir / "out" / "ddp"), cwd=run_dir)
     assert result.returncode == 0, result.stderr[-4000:]
-    assert result.stdout.count("at step 2") == 1 and "resumed from" in result.stdout
+    assert result.stdout.count("resumed from") == 1 and "step_000002 at step 2" in result.stdout  # the main process
+    assert "held-out accuracy 0% at step 0 -> 0% at step 2" in result.stdout  # the first start's, kept in the checkpoint
     lines = rank_lines(run_dir)
     assert [line["step"] for line in lines[0]] == [line["step"] for line in lines[1]] == [1, 2, 3]
     for rank in (0, 1):  # both processes continued from the saved weights
