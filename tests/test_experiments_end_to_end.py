@@ -86,7 +86,7 @@ def test_two_steps_then_resume(name, tiny_model_dir, tasks, tmp_path, capsys):
     assert "resumed from" in resumed and "at step 2" in resumed
     # its closing line gives the whole run's held-out accuracy, from the first start's step 0 (it evaluates nothing)
     curve = re.search(r"held-out accuracy \d+% at step 0 -> \d+% at step 2", first.stdout)[0]
-    assert f"done: 3 steps; checkpoint in" in resumed and curve in resumed, resumed
+    assert "done: 3 steps; checkpoint in" in resumed and curve in resumed, resumed
     scalars = tensorboard_scalars(tmp_path / "runs" / "e2e")
     assert sorted(step for step, _ in scalars["train/loss"]) == [1, 2, 3]
     state = torch.load(tmp_path / "out" / "e2e" / "step_000003" / "training_state.pt", weights_only=False)
