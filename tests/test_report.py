@@ -22,3 +22,20 @@ def test_the_learning_signal_counts_the_completions_and_tokens_of_groups_whose_r
     assert metrics["train/loss"] == 0.5 and "train/tokens" not in metrics
     everything = step_metrics(result, torch.tensor([[1.0, 0.0, 0.0], [1.0, 0.0, 1.0]]), {}, 1.0, 2.0, memory)
     assert everything["rollout/completions_with_signal"] == everything["rollout/tokens_with_signal"] == 1.0
+
+
+def test_the_progress_bar_names_the_held_out_accuracy_only_once_there_is_one():
+    """A run before its first evaluation (or with --eval-interval 0, or resumed from a checkpoint that keeps no
+    curve) drew 'held_out=' with nothing after it."""
+    import io
+
+    from tqdm import tqdm
+
+    from tiny_grpo.report import advance_bar
+
+    out = io.StringIO()
+    progress = tqdm(total=3, file=out, mininterval=0, ascii=True)
+    advance_bar(progress, {"rollout/reward_mean": 0.25}, {"kl": 0.0}, {})
+    assert "reward=0.250" in out.getvalue() and "held_out" not in out.getvalue()
+    advance_bar(progress, {"rollout/reward_mean": 0.5}, {}, {0: {"eval/accuracy": 0.18}, 10: {"eval/accuracy": 0.36}})
+    assert "held_out=18% -> 36%" in out.getvalue().splitlines()[-1].split("\r")[-1]

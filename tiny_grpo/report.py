@@ -216,13 +216,13 @@ def report(logger, progress, args, step, result, rewards, stats, seconds, memory
     return metrics
 
 def advance_bar(progress, metrics, stats, evals):
-    """One step on the progress bar, its postfix the step's mean reward, KL and the held-out accuracy so far. A bar
-    that cannot be drawn (its pipe closed: `| head`, or `| less` then q) is dropped with one warning, as a logger
-    is: the run trains on, its checkpoints still saved."""
+    """One step on the progress bar, its postfix the step's mean reward, KL and the held-out accuracy so far (none
+    before the first evaluation, or with --eval-interval 0). A bar that cannot be drawn (its pipe closed: `| head`,
+    or `| less` then q) is dropped with one warning, as a logger is: the run trains on, its checkpoints still saved."""
     try:
         progress.update(1)
-        progress.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", kl=f"{stats.get('kl', 0):.4f}",
-                             held_out=held_out(evals))
+        known = {"held_out": held_out(evals)} if evals else {}
+        progress.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", kl=f"{stats.get('kl', 0):.4f}", **known)
     except OSError as e:
         progress.disable = True
         say(f"the progress bar cannot be drawn ({e}); training goes on without it, and checkpoints are still saved")
