@@ -12,7 +12,7 @@ OUT/learning.json, and the curves as a figure (benchmarks/figures/learning.png, 
                "reasoning"}, ...], "summary": {"gain": {"min", "median", "max"}, ...}, "experiment", "task", "steps", "machine"}
 
     python benchmarks/learning.py                          # one seed, 30 steps: about 15 minutes on a 2-core AMD EPYC
-                                                           # in bfloat16, 21 to 24 there in float32 (AVX2 kernels)
+                                                           # in bfloat16, 21 to 26 there in float32 (AVX2 kernels)
     python benchmarks/learning.py --seeds 3                # seeds 42, 43, 44, and the gain over them
     python benchmarks/learning.py --task count_words       # learns a constant: see the README
     python benchmarks/learning.py -- --lr 5e-5 --dtype float32   # anything after -- goes to train.py
