@@ -154,16 +154,24 @@ def learn_sevens(module, model_dir, tmp_path, monkeypatch, steps, *options):
 
 
 def on_most_seeds(learn, seeds=(1, 2, 3)):
-    """Learning is tested on up to three seeds, not one: a run is a lottery on a CPU kind whose float32 kernels round
-    otherwise (experiment_base's full-precision run of seed 1 plateaued at a reward of 0.38 on a Sapphire Rapids Xeon
-    and rose to 0.99 on an AMD EPYC, round five). learn(seed) trains with that seed and returns None when it learned,
-    else why not. The first seed passes the test when it learns (one run: the suite's time); if it does not, the next
-    two must both learn, outvoting it."""
+    """Learning is tested on up to three seeds (or the seeds given), not one: a run is a lottery on a CPU kind whose
+    float32 kernels round otherwise (experiment_base's full-precision run of seed 1 plateaued at a reward of 0.38 on a
+    Sapphire Rapids Xeon and rose to 0.99 on an AMD EPYC, round five). learn(seed) trains with that seed and returns
+    None when it learned, else why not. The first seed passes the test when it learns (one run: the suite's time); if
+    it does not, most of the seeds must learn, outvoting it: with three, the next two both."""
     first, *others = seeds
     why = learn(first)
-    if why:
-        failures = [f"seed {first}: {why}"] + [f"seed {seed}: {w}" for seed in others if (w := learn(seed))]
-        assert len(failures) == 1, "; ".join(failures)
+    if not why:
+        return
+    failures, needed, learned = [f"seed {first}: {why}"], len(seeds) // 2 + 1, 0
+    for seed in others:
+        if len(failures) > len(seeds) - needed or learned == needed:  # decided
+            break
+        if w := learn(seed):
+            failures.append(f"seed {seed}: {w}")
+        else:
+            learned += 1
+    assert learned >= needed, "; ".join(failures)
 
 
 # The sevens are learned when the reward ends above 0.3, thirty times the untrained model's 1%: a run that fails

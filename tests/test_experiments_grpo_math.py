@@ -1000,14 +1000,18 @@ def test_zero_advantages_are_left_out_and_the_update_is_the_same(module_name, op
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, scheduler.lr_lambdas[0])  # the run's schedule, on it
         ran.clear()
         chosen = torch.tensor([a if a else zero for a in advantages])
+        before = [p.detach().clone() for p in model.parameters() if p.requires_grad]
         stats = module.train_step(model, (*batch[:3], chosen), args, optimizer, scheduler)
         weights.append([p.detach().clone() for p in model.parameters() if p.requires_grad])
+        moved = max((a - b).abs().max().item() for a, b in zip(weights[-1], before))
         passes = 1 + (args.updates_per_step > 1)  # pi_old's own pass (several updates), then the training pass
         assert sum(ran) == (rows_run if zero == 0 else 4) * passes
         assert scheduler.last_epoch == args.updates_per_step
         assert all(state["step"] == args.updates_per_step for state in optimizer.state.values())
         assert ("entropy" in stats) == (sum(ran) > 0) and stats["loss"] == pytest.approx(stats["loss"])
-    assert all(torch.allclose(a, b, atol=1e-7, rtol=0) for a, b in zip(*weights))  # float32 rounding apart
+    # float32 rounding apart: within a thousandth of the most the step moved a weight (the rows summed in another
+    # order; two updates on the AMD EPYC without AVX-512: 4.5e-7 of 0.0135); a mean over the wrong rows scales it
+    assert all(torch.allclose(a, b, atol=max(1e-3 * moved, 1e-7), rtol=0) for a, b in zip(*weights))
 
 
 def test_micro_batches_hold_whole_groups_and_only_the_rows_that_count():
