@@ -1010,7 +1010,8 @@ def test_zero_advantages_are_left_out_and_the_update_is_the_same(module_name, op
         assert all(state["step"] == args.updates_per_step for state in optimizer.state.values())
         assert ("entropy" in stats) == (sum(ran) > 0) and stats["loss"] == pytest.approx(stats["loss"])
     # float32 rounding apart: within a thousandth of the most the step moved a weight (the rows summed in another
-    # order; two updates on the AMD EPYC without AVX-512: 4.5e-7 of 0.0135); a mean over the wrong rows scales it
+    # order; two updates on the AMD EPYC without AVX-512: 4.5e-7 of 0.0135); advantages doubled, as a mean over half
+    # the rows would, fail every case with a non-zero advantage (tried)
     assert all(torch.allclose(a, b, atol=max(1e-3 * moved, 1e-7), rtol=0) for a, b in zip(*weights))
 
 
