@@ -4,8 +4,8 @@ tokens and only the time differs (the table counts the completions that parted f
 - `--lever ended` (the default): experiment_base's rollout with ended rows dropped from the decode batch (the
   default) and kept to the last step (ENDED_SHARE above 1, as before 2026-11-24). The same tokens in float32
   (tested); in bfloat16 a completion can part.
-- `--lever packed`: the frozen weights packed once a rollout for oneDNN (tiny_grpo/onednn.py, on a CPU)
-  against the plain products (onednn.PACKING off). In bfloat16 the same bits; in float32 a completion can part.
+- `--lever packed`: the frozen weights packed once a rollout for oneDNN (tiny_grpo/onednn.py, bfloat16 on a CPU)
+  against the plain products (onednn.PACKING off).
 - `--lever shared`: the beginning the prompts share run once for each count of left pads (tiny_grpo/decode.py's
   prefill) against every prompt run whole (SHARED_LEAST above any length).
 

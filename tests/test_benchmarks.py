@@ -99,9 +99,9 @@ def test_sampling_benchmark_times_the_same_tokens_both_ways(tiny_model_dir, tmp_
 
 def test_sampling_benchmark_switches_the_packed_weights(tiny_model_dir, tmp_path):
     """--lever packed: the plain products against the weights packed for oneDNN, both timed on the same tokens
-    where the products are the same bits (test_onednn.py); float32, which every CPU's oneDNN packs."""
+    where the products are the same bits (test_onednn.py); bfloat16, the only dtype packed."""
     stdout, table = run_benchmark(tmp_path, "sampling.py", "--model-name", tiny_model_dir, "--max-new-tokens", "12",
-                                  "--repeats", "1", "--dtype", "float32", "--lever", "packed", dtype="float32")
+                                  "--repeats", "1", "--dtype", "bfloat16", "--lever", "packed", dtype="bfloat16")
     assert "| products |" in stdout and "| plain |" in stdout and "| packed |" in stdout and "| kept |" not in stdout
     assert table["packed"]["ratio_to_plain"] == table["packed"]["seconds"] / table["plain"]["seconds"]
     assert table["plain"]["completions_unlike_plain"] == 0 and 0 <= table["packed"]["completions_unlike_plain"] <= 16

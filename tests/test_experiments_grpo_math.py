@@ -575,8 +575,7 @@ def test_dequantized_sampling_weights_are_the_4bit_layers_products(experiment, t
 
 
 def test_sampling_weights_auto_copies_when_a_quarter_of_the_free_memory_holds_it(experiment, tiny_model_dir, monkeypatch):
-    monkeypatch.setattr(tiny_grpo.onednn, "PACKING", False)  # the output layer's packing: test_onednn.py
-    args, model, _, layers = load_4bit(experiment, tiny_model_dir, "float32")
+    args, model, _, layers = load_4bit(experiment, tiny_model_dir, "float32")  # float32: nothing packed
     assert args.sampling_weights == "auto"
     size = sum(m.weight.quant_state.shape.numel() for m in layers) * 4  # bytes of the float32 copy
 

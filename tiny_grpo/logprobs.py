@@ -33,7 +33,7 @@ def output_logits(hidden, weight, bias=None, softcap=None, temperature=1.0, work
     the model has one, T the sampling temperature. Into work = (a buffer of at least V N elements in W's dtype,
     z [n, V] float32, ...), n >= N, when given (ActionLogProb's workspace), else into new tensors. Autograd off
     (the sampler, ActionLogProb's two passes): the products write into their buffers. product: W h + b's fast form
-    (a PackedLinear: in bfloat16 the same bits, in float32 within its rounding), taken instead of the products below when given and no work is."""
+    (a PackedLinear, the same bits), taken instead of the products below when given and no work is."""
     x = hidden.to(weight.dtype)
     if product is not None and work is None:
         return output_logits_after(product(x).float(), softcap, temperature)

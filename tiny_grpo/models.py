@@ -238,8 +238,8 @@ def sampling_weights(model, args):
     """Inside, the weights a rollout samples from, in the form that samples fastest (the same products):
     - every 4-bit layer multiplies by its weight dequantized once, here, instead of dequantizing it again at every
       token (dequantized_weights);
-    - on a CPU, every frozen unquantized linear layer, the output layer included, by its weight packed once for
-      oneDNN (packed_weights, tiny_grpo/onednn.py): in bfloat16 the same bits, in float32 within float32 rounding.
+    - on a CPU in bfloat16, every frozen unquantized linear layer, the output layer included, by its weight packed
+      once for oneDNN (packed_weights, tiny_grpo/onednn.py).
     Each copy is made again for each rollout (the weights are frozen, but training then has the memory back)."""
     with dequantized_weights(model, args), packed_weights(model):
         yield
@@ -277,9 +277,9 @@ def dequantized_weights(model, args):
 
 @contextlib.contextmanager
 def packed_weights(model):
-    """Every frozen float32 or bfloat16 torch.nn.Linear of model on a CPU (can_pack) multiplies by its weight packed
-    once for oneDNN, when the copies fit in a quarter of the free memory. The output layer's packed product is also
-    left as its sampling_product, which body_and_head's output layer takes."""
+    """Every frozen bfloat16 torch.nn.Linear of model on a CPU (can_pack) multiplies by its weight packed once for
+    oneDNN, when the copies fit in a quarter of the free memory. The output layer's packed product is also left
+    as its sampling_product, which body_and_head's output layer takes."""
     layers = [m for m in model.modules() if type(m) is torch.nn.Linear and can_pack(m.weight)]
     if not layers or sum(m.weight.nbytes for m in layers) > free_memory("cpu") / 4:
         yield
