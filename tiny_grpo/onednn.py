@@ -5,8 +5,8 @@ their time. Measured on the 2-core AMD EPYC with AVX512-BF16 (docs/results/roofl
 output layer at 16 rows 33 -> 18 ms, the body's layers 0.74 -> 0.54 ms a layer, the same bits at every row count
 tried (test_onednn.py holds them equal within one bfloat16 rounding on any CPU, and equal bit for bit where they are
 here). float32 is left alone: there oneDNN's sums round otherwise than MKL's (5e-6 at 640 terms), and on the EPYC
-without AVX-512, where its packed products beat MKL's 1.2 to 3.9x, the default run came out 1.4% faster for 1.07 GB
-more memory (docs/results/roofline.md)."""
+without AVX-512, where its packed products beat MKL's 1.2 to 3.9x at most shapes, the default run came out 1.4%
+faster for 1.07 GB more memory (docs/results/roofline.md)."""
 
 import torch
 
