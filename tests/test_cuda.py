@@ -115,14 +115,19 @@ def test_packed_prompts_and_the_formed_gradient_on_cuda(base_on_cuda):
     sequence with a 4-D mask (pack_prompts) and the output layer's gradient formed in the forward pass
     (ActionLogProb, the layer frozen), against the textbook computation row by row (the model's own bf16 logits,
     log-softmax, autograd): log-probs and LoRA gradients within bf16 rounding. Passed on an H100 twice on 2026-11-27,
-    before and after a prompt's rows were split evenly among its sequences (here each group fits one)."""
+    before and after a prompt's rows were split evenly among its sequences (here each group fits one), and on an H200 on
+    2026-11-30 once this test, too, left each completion's trailing padding out."""
     from test_experiments_grpo_math import grouped_sequences, log_probs_and_body_shapes, naive_log_probs
 
     base, args, model, tokenizer = base_on_cuda
     model.train()
     ids, mask, num_actions = (x.to("cuda") if torch.is_tensor(x) else x for x in grouped_sequences(tokenizer))
     ours, shapes = log_probs_and_body_shapes(base, model, ids, mask, num_actions)
-    assert shapes == [(3, ids.shape[1] - num_actions + 3 * num_actions)]  # packed: SDPA on CUDA too
+    prompt_width = ids.shape[1] - num_actions
+    lengths = mask[:, prompt_width:].sum(1)  # each completion's real tokens: its trailing padding is left out
+    prompts = [tuple(row) for row in ids[:, :prompt_width].tolist()]
+    widest = max(sum(n for p, n in zip(prompts, lengths.tolist()) if p == prompt) for prompt in set(prompts))
+    assert shapes == [(3, prompt_width + widest)]  # packed: SDPA on CUDA too
     theirs = naive_log_probs(model, ids, mask, num_actions)
     worst = (ours - theirs).abs().max().item()
     assert worst < 0.1, f"log-probs {worst} apart"
@@ -192,7 +197,7 @@ def test_two_steps_then_a_resume(name, tiny_model_dir, tmp_path):
                        "--rollouts-per-step", 2, "--max-length", 12, "--eval-interval", 1, "--run-name", "gpu",
                        "--log-dir", tmp_path / "runs", "--checkpoint-path", tmp_path / "out")
     if name == "experiment_multiturn_qa":
-        common += ["--retriever", "bm25", "--max-turns", "2"]
+        common += ["--retriever", "bm25", "--max-turns", "2", "--top-k", "2"]  # CUDA's 3: past 2048
     if name == "experiment_multiturn_tool_calling":
         common += ["--max-turns", "2"]
     first = run_script(ROOT / name / "train.py", *common, "--max-steps", 2)
