@@ -12,7 +12,8 @@ Configurations (each differs from `default` in one thing):
   default          bfloat16 on CPUs with AMX/AVX512-BF16, inverse-CDF sampling, ended rows dropped from the decode
                    batch, decoder + output layer on
                    the last prompt row only, log-probs of action tokens in chunks (the output layer's gradient
-                   formed in each chunk's forward pass, not recomputed; since 2026-11-27), checkpointing
+                   formed in each chunk's forward pass, not recomputed; since 2026-11-27), activations kept (no
+                   gradient checkpointing on a CPU; since 2026-11-30)
   fp32             float32 weights and compute
   multinomial      torch.multinomial instead of inverse-CDF sampling
   keep_ended       rows that have ended stay in the decode batch to the last step (same tokens, as before 2026-11-24)
@@ -21,7 +22,7 @@ Configurations (each differs from `default` in one thing):
   autograd_head    the output layer's chunks under torch.utils.checkpoint with autograd's backward and new tensors
                    instead of ActionLogProb's written-out one in a workspace (as before 2026-11-26; the entropy
                    still once a chunk)
-  no_checkpointing activations kept instead of recomputed
+  checkpointing    gradient checkpointing: activations recomputed in the backward pass instead of kept
   kl               beta = 0.01: one more forward pass, through the reference policy
 """
 
@@ -35,7 +36,7 @@ from common import (check_steps, load_experiment, machine, project_steps, resolv
 import tiny_grpo.decode
 import tiny_grpo.logprobs
 
-CONFIGS = ["default", "fp32", "multinomial", "keep_ended", "hf_prefill", "full_logits", "autograd_head", "no_checkpointing",
+CONFIGS = ["default", "fp32", "multinomial", "keep_ended", "hf_prefill", "full_logits", "autograd_head", "checkpointing",
            "kl"]
 
 
@@ -106,7 +107,7 @@ def run_config(args, config):
                                "--kl-weight", "0.01" if config == "kl" else "0", "--group-size", str(args.group_size),
                                "--rollouts-per-step", str(args.prompts), "--max-length", str(args.max_new_tokens),
                                "--train-batch-size", str(args.prompts * args.group_size), "--temperature", "1.0"]
-                              + (["--no-gradient-checkpointing"] if config == "no_checkpointing" else []))
+                              + (["--gradient-checkpointing"] if config == "checkpointing" else []))
     steps = project_steps(base, options, tasks, args)
     measured = steps[1:]
     return {

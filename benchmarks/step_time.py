@@ -66,7 +66,8 @@ def run_project(args):
                                "--lora-r", str(args.lora_r), "--lora-alpha", str(2 * args.lora_r), "--lr", str(args.lr),
                                "--kl-weight", str(args.kl_weight), "--group-size", str(args.group_size),
                                "--rollouts-per-step", str(args.prompts), "--max-length", str(args.max_new_tokens),
-                               "--train-batch-size", str(args.prompts * args.group_size), "--temperature", "1.0"])  # TRL's
+                               "--train-batch-size", str(args.prompts * args.group_size), "--temperature", "1.0",
+                               "--gradient-checkpointing"])  # TRL's settings (checkpointing: trl_steps')
     profile = {} if args.profile else None
     rollouts, rollout = [], base.rollout
     base.rollout = lambda *a, **k: rollouts.append(rollout(*a, **k)) or rollouts[-1]  # the rows' lengths: the roofline's

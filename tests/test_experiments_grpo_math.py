@@ -1061,13 +1061,37 @@ def test_pi_old_from_the_first_pass_is_its_own_pass(module_name, tiny_model_dir,
     assert all(torch.allclose(a, b, atol=1e-6, rtol=0) for a, b in zip(*weights))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gradient_checkpointing_moves_the_weights_bit_for_bit_alike(single, dtype):
+    """Gradient checkpointing (on by default on CUDA, off on a CPU: DEVICE_DEFAULTS) recomputes each layer's forward
+    pass in the backward pass instead of keeping its activations: the same operations on the same inputs, so one
+    train_step with it and one without leave every trained weight the same to the bit. With it each LoRA layer runs
+    twice (the forward pass and its recomputation; beta > 0: the reference runs none), without it once."""
+    module, model_dir = single
+    assert module.parse_args(["--device", "cpu"]).gradient_checkpointing is False
+    weights, calls = [], []
+    for flag in ("--gradient-checkpointing", "--no-gradient-checkpointing"):
+        args, model, batch, optimizer, scheduler = step_setup(module, model_dir, "--dtype", dtype, flag)
+        lora = [layer for name, layer in model.named_modules() if name.endswith("lora_A.default")]
+        calls.append(0)
+        for layer in lora:
+            layer.register_forward_hook(lambda *_: calls.__setitem__(-1, calls[-1] + 1))
+        model.train()  # as main() runs train_step: checkpointing recomputes only in training mode
+        module.train_step(model, batch, args, optimizer, scheduler)
+        weights.append([p.detach().clone() for p in model.parameters() if p.requires_grad])
+    assert calls == [2 * len(lora), len(lora)]
+    assert len(weights[0]) == len(weights[1]) and all(torch.equal(a, b) for a, b in zip(*weights))
+    fresh = [p for p in step_setup(module, model_dir, "--dtype", dtype)[1].parameters() if p.requires_grad]
+    assert not all(torch.equal(a, b) for a, b in zip(weights[0], fresh))  # and the step did move them
+
+
 def test_bfloat16_train_step_leaves_lora_inputs_uncast_in_the_recomputation_too(single, monkeypatch):
     """In a bf16 model every LoRA layer's input reaches lora_A in bf16 during a train step: in each forward pass
     (sequence_log_probs) and in the backward pass, where gradient checkpointing computes each layer's forward again
     (train_step); without the switch in the backward pass, peft's cast hands the recomputation's lora_A float32."""
     module, model_dir = single
-    args, model, batch, optimizer, scheduler = step_setup(module, model_dir, "--dtype", "bfloat16")
-    assert args.gradient_checkpointing
+    args, model, batch, optimizer, scheduler = step_setup(module, model_dir, "--dtype", "bfloat16", "--gradient-checkpointing")
+    assert args.gradient_checkpointing  # (off by default on a CPU)
     model.train()  # as main() runs train_step: checkpointing recomputes only in training mode
     seen = []
     for name, layer in model.named_modules():

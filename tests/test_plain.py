@@ -99,6 +99,6 @@ def test_a_plain_run_trains_in_bfloat16(plain, tiny_model_dir, tmp_path, monkeyp
     module = same_run.load_module(ROOT / "experiment_base" / "train.py", f"experiment_base_bf16_{plain}")
     monkeypatch.chdir(ROOT)
     module.main([*same_run.options_for("experiment_base"), "--model-name", str(tiny_model_dir), "--dtype", "bfloat16",
-                 "--checkpoint-path", str(tmp_path / "out"), "--log-dir", str(tmp_path / "runs"), "--run-name", "r",
+                 "--gradient-checkpointing", "--checkpoint-path", str(tmp_path / "out"), "--log-dir", str(tmp_path / "runs"), "--run-name", "r",
                  *(["--plain"] if plain else [])])
     assert (tmp_path / "out" / "r" / "step_000002").is_dir()

@@ -112,8 +112,9 @@ def add_setup_options(p, by_device, tasks, reward_terms, default_weights, data=N
     g.add_argument("--lora-r", type=integer("[1, inf)"), default=16, help="LoRA rank")
     g.add_argument("--lora-alpha", type=integer("[1, inf)"), default=32, help="LoRA scale numerator (scale = alpha / r)")
     g.add_argument("--lora-dropout", type=real("[0, 1)"), default=0.0, help="LoRA dropout (pi_old is taken without it)")
-    g.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false", help="keep "
-                   "activations instead of recomputing them (faster, more memory); gradient_checkpointing=%(default)s by default")
+    g.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, **by_device("gradient_checkpointing",
+                   "recompute each layer's activations in the backward pass instead of keeping them (the same gradients: "
+                   "less memory, more time)"))
     g = p.add_argument_group("task, data and reward")
     if data is None:
         g.add_argument("--task", choices=list(tasks), **by_device("task", "data files, worked example and answer "
