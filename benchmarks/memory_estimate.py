@@ -81,7 +81,7 @@ def measure(args):
         config = build_random_llama(folder, **({"num_hidden_layers": 2} if args.tiny else {}))  # the real shapes
         options = base.parse_args(["--model-name", folder, "--device", "cpu", "--quantization", "4bit",
                                    "--dtype", "bfloat16", "--lora-r", str(args.lora_r),
-                                   "--lora-alpha", str(2 * args.lora_r)])
+                                   "--lora-alpha", str(2 * args.lora_r), "--gradient-checkpointing"])  # CUDA's default
         model, _ = base.load_model(options)
     layers = config.num_hidden_layers
     weights = model.get_memory_footprint()
