@@ -71,7 +71,7 @@ DEVICE_DEFAULTS = dict(  # the options whose default depends on the device: (on 
 # differ, and lr 5e-5: a step moves log pi = log softmax(z / T) by about lr / T (docs/results/learning.md);
 # correctness alone, as the format terms, once won, leave groups of equal rewards; no KL.
 # Gradient checkpointing on CUDA only: on a CPU, keeping the activations made experiment_base's float32 default run
-# 0.83x the time for 1.9 GB more (5.2 GB at the peak), the same completions at every step (docs/results/roofline.md).
+# (format term on) 0.83x the time for 1.9 GB more (5.2 GB at its peak), the same completions (docs/results/roofline.md).
 
 def parse_args(argv=None):
     """The options that shape GRPO, then the rest (add_setup_options, tiny_grpo/options.py). A type such as

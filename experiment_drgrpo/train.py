@@ -80,7 +80,7 @@ DEVICE_DEFAULTS = dict(  # the options whose default depends on the device: (on 
 # Gemma-3-270M: T = 0.8, where more of the untrained model's samples hold an answer in its tags than at T = 1;
 # correctness alone, as the format terms, once won, leave groups of equal rewards, which give no gradient.
 # Gradient checkpointing on CUDA only: on a CPU, keeping the activations made experiment_base's float32 default run
-# 0.83x the time for 1.9 GB more (5.2 GB at the peak), the same completions at every step (docs/results/roofline.md).
+# (format term on) 0.83x the time for 1.9 GB more (5.2 GB at its peak), the same completions (docs/results/roofline.md).
 ALGORITHMS = ("grpo", "drgrpo", "dapo", "gspo", "cispo", "reinforce_pp", "reinforce_pp_baseline")
 TOKEN_LEVEL = ("dapo", "cispo", "reinforce_pp", "reinforce_pp_baseline")  # their loss is a mean over the batch's tokens
 # --preset NAME sets a group of options; options given on the command line win. The algorithm presets hold

@@ -74,7 +74,7 @@ DEVICE_DEFAULTS = dict(  # the options whose default depends on the device: (on 
 # from the last of several passages, while the best comes first (top_k 1); at T = 0.7 it samples the exact answer more
 # often than at T = 1, so more groups differ.
 # Gradient checkpointing on CUDA only: on a CPU, keeping the activations made experiment_base's float32 default run
-# 0.83x the time for 1.9 GB more (5.2 GB at the peak), the same completions at every step (docs/results/roofline.md).
+# (format term on) 0.83x the time for 1.9 GB more (5.2 GB at its peak), the same completions (docs/results/roofline.md).
 MAX_TURNS = 3  # searches per episode, by default
 
 def parse_args(argv=None):

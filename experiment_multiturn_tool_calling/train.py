@@ -67,7 +67,7 @@ DEVICE_DEFAULTS = dict(  # the options whose default depends on the device: (on 
     generation_batch_size=(256, None), gradient_checkpointing=(True, False))
 # CUDA: TRL's num_generations (8) and max_completion_length (512), 16 prompts.
 # Gradient checkpointing on CUDA only: on a CPU, keeping the activations made experiment_base's float32 default run
-# 0.83x the time for 1.9 GB more (5.2 GB at the peak), the same completions at every step (docs/results/roofline.md).
+# (format term on) 0.83x the time for 1.9 GB more (5.2 GB at its peak), the same completions (docs/results/roofline.md).
 MAX_TURNS = 4  # calculator calls per episode, by default
 
 def parse_args(argv=None):
