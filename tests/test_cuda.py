@@ -117,16 +117,13 @@ def test_packed_prompts_and_the_formed_gradient_on_cuda(base_on_cuda):
     log-softmax, autograd): log-probs and LoRA gradients within bf16 rounding. Passed on an H100 twice on 2026-11-27,
     before and after a prompt's rows were split evenly among its sequences (here each group fits one), and on an H200 on
     2026-11-30 once this test, too, left each completion's trailing padding out."""
-    from test_experiments_grpo_math import grouped_sequences, log_probs_and_body_shapes, naive_log_probs
+    from test_experiments_grpo_math import grouped_sequences, log_probs_and_body_shapes, naive_log_probs, packed_widths
 
     base, args, model, tokenizer = base_on_cuda
     model.train()
     ids, mask, num_actions = (x.to("cuda") if torch.is_tensor(x) else x for x in grouped_sequences(tokenizer))
     ours, shapes = log_probs_and_body_shapes(base, model, ids, mask, num_actions)
-    prompt_width = ids.shape[1] - num_actions
-    lengths = mask[:, prompt_width:].sum(1)  # each completion's real tokens: its trailing padding is left out
-    prompts = [tuple(row) for row in ids[:, :prompt_width].tolist()]
-    widest = max(sum(n for p, n in zip(prompts, lengths.tolist()) if p == prompt) for prompt in set(prompts))
+    prompt_width, widest = packed_widths(ids, mask, num_actions)  # each completion without its trailing padding
     assert shapes == [(3, prompt_width + widest)]  # packed: SDPA on CUDA too
     theirs = naive_log_probs(model, ids, mask, num_actions)
     worst = (ours - theirs).abs().max().item()

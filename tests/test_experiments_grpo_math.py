@@ -246,6 +246,15 @@ def grouped_sequences(tokenizer):
     return ids, mask, completions.input_ids.shape[1]
 
 
+def packed_widths(ids, mask, num_actions):
+    """(prompt width, the most completion tokens one prompt's rows hold without their trailing padding): a packed
+    sequence of pack_prompts is prompt width + that wide when each prompt's rows fit one."""
+    prompt_width = ids.shape[1] - num_actions
+    lengths = mask[:, prompt_width:].sum(1).tolist()  # each completion's real tokens (its padding is all after them)
+    prompts = [tuple(row) for row in ids[:, :prompt_width].tolist()]
+    return prompt_width, max(sum(n for p, n in zip(prompts, lengths) if p == prompt) for prompt in set(prompts))
+
+
 def log_probs_and_body_shapes(experiment, model, ids, mask, num_actions):
     """sequence_log_probs' log-probs, and the shape of each batch its body was handed (packed or not)."""
     shapes = []
@@ -264,11 +273,8 @@ def test_rows_that_share_a_prompt_run_it_once(tiny):
     model.train()
     ids, mask, num_actions = grouped_sequences(tokenizer)
     log_probs, shapes = log_probs_and_body_shapes(experiment, model, ids, mask, num_actions)
-    prompt_width = ids.shape[1] - num_actions
-    lengths = mask[:, prompt_width:].sum(1)  # each completion's real tokens (its padding is all after them)
-    prompts = [tuple(row) for row in ids[:, :prompt_width].tolist()]
-    widest = max(sum(n for p, n in zip(prompts, lengths.tolist()) if p == prompt) for prompt in set(prompts))
-    assert lengths.min() < num_actions and widest < 3 * num_actions  # some padding to leave out
+    prompt_width, widest = packed_widths(ids, mask, num_actions)
+    assert mask[:, prompt_width:].sum(1).min() < num_actions and widest < 3 * num_actions  # some padding to leave out
     assert shapes == [(3, prompt_width + widest)]  # 3 prompts, after each its completions end to end
     expected = naive_log_probs(model, ids, mask, num_actions)
     assert torch.allclose(log_probs, expected, atol=1e-5) and (log_probs != 0).sum() == mask[:, -num_actions:].sum()
