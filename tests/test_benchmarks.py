@@ -180,9 +180,9 @@ def test_algorithms_benchmark_tables_the_runs_it_finds(tmp_path, capsys):
 
 def test_the_learning_recipe_comes_before_the_users_options():
     """The demo's recipe on sequence is train.py's CPU defaults (issue 61: the main command learns): 8 prompts x 8
-    completions at T 0.35 (experiment_drgrpo's algorithms, measured at 0.8, keep it), correctness alone, beta 0 in
-    experiment_base only (experiment_drgrpo's algorithms choose their own); learning.py adds nothing on sequence, and
-    anything after -- wins."""
+    completions at T 0.35 (experiment_drgrpo's algorithms, measured at 0.8, keep it), correctness and format at 0.1
+    (experiment_drgrpo: correctness alone), beta 0 in experiment_base only (experiment_drgrpo's algorithms choose their
+    own); learning.py adds nothing on sequence, and anything after -- wins."""
     from common import load_module
 
     learning = load_module(ROOT / "benchmarks" / "learning.py")
@@ -193,13 +193,14 @@ def test_the_learning_recipe_comes_before_the_users_options():
     options = base.parse_args(["--device", "cpu"])
     assert (options.task, options.group_size, options.rollouts_per_step, options.max_steps) == ("sequence", 8, 8, 30)
     assert options.kl_weight == 0 and options.temperature == 0.35 and options.lr == 5e-5 and options.eval_prompts == 100
-    assert base.Scorer("sequence", weights=options.reward_weights).weights == {"correctness": 1, "format": 0, "reasoning": 0}
+    assert base.Scorer("sequence", weights=options.reward_weights).weights == {"correctness": 1, "format": 0.1, "reasoning": 0}
     options = base.parse_args(["--device", "cpu", "--group-size", "3", "--kl-weight", "0.1", "--rollouts-per-step", "4",
                                "--temperature", "1"])
     assert options.group_size == 3 and options.kl_weight == 0.1 and options.rollouts_per_step == 4 and options.temperature == 1
     for algorithm, beta in [("grpo", 0.01), ("reinforce_pp", 0.01), ("dapo", 0.0)]:
         options = drgrpo.parse_args(["--device", "cpu", "--algorithm", algorithm])
         assert options.kl_weight == beta and options.group_size == 8 and options.rollouts_per_step == 8 and options.temperature == 0.8
+        assert drgrpo.Scorer("sequence", weights=options.reward_weights).weights == {"correctness": 1, "format": 0, "reasoning": 0}
     assert "--filter" in learning.recipe("math", "experiment_drgrpo") and learning.recipe("count_words", "experiment_base") == []
 
 

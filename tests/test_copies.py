@@ -26,7 +26,8 @@ TOPIC = {
     "experiment_accelerate": ACCELERATE,
     "experiment_accelerate_ddp": {**ACCELERATE, "train_step": "DDP's all-reduced gradients",
                                   "run": "processes that split the prompts and stop together"},
-    "experiment_drgrpo": {"DEVICE_DEFAULTS": "the algorithm's own sizes", "complete_args": "--algorithm and --preset",
+    "experiment_drgrpo": {"DEVICE_DEFAULTS": "the algorithms' own sizes and rewards (measured without the format term)",
+                          "complete_args": "--algorithm and --preset",
                           "group_advantages": "each algorithm's advantages", "grpo_loss": "each algorithm's loss",
                           "parse_args": "--algorithm, --preset and their options", "run": "dynamic sampling",
                           "train_step": "token-level means, several updates a rollout"},
@@ -39,7 +40,7 @@ TOPIC = {
 CHANGED_LINES = {
     "experiment_accelerate": "complete_args 4/6 parse_args 4/9 run 7/24 train_step 22/32",
     "experiment_accelerate_ddp": "complete_args 4/0 parse_args 6/15 run 13/34 train_step 29/39",
-    "experiment_drgrpo": "DEVICE_DEFAULTS 1/1 complete_args 0/9 group_advantages 1/9 grpo_loss 12/46 parse_args 7/44 run 7/25 "
+    "experiment_drgrpo": "DEVICE_DEFAULTS 2/2 complete_args 0/9 group_advantages 1/9 grpo_loss 12/46 parse_args 7/44 run 7/25 "
                          "train_step 10/41",
     "experiment_multiturn_qa": "DEFAULT_REWARD_WEIGHTS 1/1 DEVICE_DEFAULTS 4/3 REWARD_TERMS 1/1 Rollout 4/10 STOP_STRINGS 1/1 "
                                "Scorer 5/4 add_prompts 3/3 complete_args 5/3 correctness 8/7 evaluate 5/12 format_prompt 11/8 "

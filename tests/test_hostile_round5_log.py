@@ -1,15 +1,16 @@
 """Nothing lost, round five (issue 75), items 1, 4, 5 and 15: the rollout log (docs/rollout-log.md) across the starts
-of a run. Each test failed on the code before its fix; each runs the tiny model in fresh processes."""
+of a run. Each test failed on the code before its fix; each start runs train.py's main() on the tiny model in the
+test's process, one after another, as a user's starts follow one another (the files they leave are what is tested;
+a fresh interpreter would spend about 10 s importing torch, transformers and peft at each of the 12 starts)."""
 
+import contextlib
 import json
 
 import pytest
 import torch
 
-from conftest import ROOT, run_script, write_jsonl
+from conftest import load_experiment, write_jsonl
 from tiny_grpo.view import write_page
-
-BASE = ROOT / "experiment_base" / "train.py"
 
 
 @pytest.fixture
@@ -18,12 +19,12 @@ def tasks(tmp_path):
 
 
 def train(model_dir, tasks, tmp_path, *extra):
-    """A start of run r of the tiny model (no evaluation), its folders under tmp_path; it must succeed."""
-    result = run_script(BASE, "--model-name", model_dir, "--device", "cpu", "--dtype", "float32", "--data-path", tasks,
-                        "--eval-interval", "0", "--group-size", "2", "--rollouts-per-step", "2", "--max-length", "4",
-                        "--run-name", "r", "--log-dir", tmp_path / "runs", "--checkpoint-path", tmp_path / "out", *extra,
-                        cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
+    """A start of run r of the tiny model (no evaluation), its folders under tmp_path, from there; it must succeed."""
+    argv = ["--model-name", model_dir, "--device", "cpu", "--dtype", "float32", "--data-path", tasks, "--eval-interval",
+            "0", "--group-size", "2", "--rollouts-per-step", "2", "--max-length", "4", "--run-name", "r", "--log-dir",
+            tmp_path / "runs", "--checkpoint-path", tmp_path / "out", *extra]
+    with contextlib.chdir(tmp_path):
+        load_experiment().main([str(a) for a in argv])
     return tmp_path / "runs" / "r"
 
 

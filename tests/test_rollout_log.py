@@ -1,7 +1,9 @@
-"""The rollout log (docs/rollout-log.md) and the diagnostics scalars, from real runs of the tiny model in fresh
-processes: what each record holds, that it agrees with TensorBoard and with the GRPO formulas, its bounds, and that a
+"""The rollout log (docs/rollout-log.md) and the diagnostics scalars, from real runs of the tiny model (train.py's
+main() in the test's process: a fresh interpreter would spend about 10 s a start importing torch, transformers and
+peft): what each record holds, that it agrees with TensorBoard and with the GRPO formulas, its bounds, and that a
 resumed run drops what a crashed one wrote after its checkpoint."""
 
+import contextlib
 import json
 import math
 from types import SimpleNamespace
@@ -9,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import ROOT, run_script, tensorboard_scalars, write_jsonl
+from conftest import load_experiment, tensorboard_scalars, write_jsonl
 from tiny_grpo.rollout_log import RolloutLog
 
 
@@ -20,12 +22,12 @@ def tasks(tmp_path):
 
 
 def train(model_dir, tasks, tmp_path, *extra, experiment="experiment_base"):
-    result = run_script(ROOT / experiment / "train.py", "--model-name", model_dir, "--device", "cpu", "--dtype",
-                        "float32", "--data-path", tasks, "--eval-data-path", tasks, "--eval-prompts", "3",
-                        "--group-size", "4", "--rollouts-per-step", "2", "--max-length", "10", "--lr", "1e-2",
-                        "--run-name", "r", "--log-dir", tmp_path / "runs", "--checkpoint-path", tmp_path / "out", *extra,
-                        cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
+    """A start of run r of the tiny model, its folders under tmp_path, from there; it must succeed."""
+    argv = ["--model-name", model_dir, "--device", "cpu", "--dtype", "float32", "--data-path", tasks, "--eval-data-path",
+            tasks, "--eval-prompts", "3", "--group-size", "4", "--rollouts-per-step", "2", "--max-length", "10", "--lr",
+            "1e-2", "--run-name", "r", "--log-dir", tmp_path / "runs", "--checkpoint-path", tmp_path / "out", *extra]
+    with contextlib.chdir(tmp_path):
+        load_experiment(experiment).main([str(a) for a in argv])
     return tmp_path / "runs" / "r"
 
 
