@@ -47,7 +47,7 @@ def test_a_step_record_holds_each_group_and_token_as_grpo_computed_it(tiny_model
     assert len(header.pop("start")) == 16  # this start's id (its checkpoints' log_starts name it)
     assert header == {"kind": "run", "experiment": "experiment_base", "run_name": "r", "group_size": 4, "clip_eps": 0.01,
                       "kl_weight": 0.1, "max_length": 10, "temperature": 0.35,
-                      "reward_weights": {"correctness": 1.0, "format": 0.0, "reasoning": 0.0, "custom": 1.0},
+                      "reward_weights": {"correctness": 1.0, "format": 0.1, "reasoning": 0.0, "custom": 1.0},
                       "start_step": 0, "epochs_per_step": 1, "updates_per_step": 2}
     assert [(r["kind"], r["step"]) for r in rest] == [("eval", 0), ("eval", 1), ("step", 1), ("eval", 2), ("step", 2)]
     scalars = tensorboard_scalars(run)
