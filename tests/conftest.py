@@ -227,6 +227,13 @@ def fails_with(module, argv, capsys):
     return (code if isinstance(code, str) else "") + capsys.readouterr().err
 
 
+def run_main(experiment, argv, cwd):
+    """experiment's train.py main(argv) in this process, from cwd: a start whose files are what a test checks (a fresh
+    interpreter would spend about 10 s importing torch, transformers and peft); it must succeed."""
+    with contextlib.chdir(cwd):
+        load_experiment(experiment).main([str(a) for a in argv])
+
+
 def write_jsonl(path, rows):
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path

@@ -3,13 +3,12 @@ of a run. Each test failed on the code before its fix; each start runs train.py'
 test's process, one after another, as a user's starts follow one another (the files they leave are what is tested;
 a fresh interpreter would spend about 10 s importing torch, transformers and peft at each of the 12 starts)."""
 
-import contextlib
 import json
 
 import pytest
 import torch
 
-from conftest import load_experiment, write_jsonl
+from conftest import run_main, write_jsonl
 from tiny_grpo.view import write_page
 
 
@@ -23,8 +22,7 @@ def train(model_dir, tasks, tmp_path, *extra):
     argv = ["--model-name", model_dir, "--device", "cpu", "--dtype", "float32", "--data-path", tasks, "--eval-interval",
             "0", "--group-size", "2", "--rollouts-per-step", "2", "--max-length", "4", "--run-name", "r", "--log-dir",
             tmp_path / "runs", "--checkpoint-path", tmp_path / "out", *extra]
-    with contextlib.chdir(tmp_path):
-        load_experiment().main([str(a) for a in argv])
+    run_main("experiment_base", argv, tmp_path)
     return tmp_path / "runs" / "r"
 
 

@@ -3,7 +3,6 @@ main() in the test's process: a fresh interpreter would spend about 10 s a start
 peft): what each record holds, that it agrees with TensorBoard and with the GRPO formulas, its bounds, and that a
 resumed run drops what a crashed one wrote after its checkpoint."""
 
-import contextlib
 import json
 import math
 from types import SimpleNamespace
@@ -11,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import load_experiment, tensorboard_scalars, write_jsonl
+from conftest import run_main, tensorboard_scalars, write_jsonl
 from tiny_grpo.rollout_log import RolloutLog
 
 
@@ -26,8 +25,7 @@ def train(model_dir, tasks, tmp_path, *extra, experiment="experiment_base"):
     argv = ["--model-name", model_dir, "--device", "cpu", "--dtype", "float32", "--data-path", tasks, "--eval-data-path",
             tasks, "--eval-prompts", "3", "--group-size", "4", "--rollouts-per-step", "2", "--max-length", "10", "--lr",
             "1e-2", "--run-name", "r", "--log-dir", tmp_path / "runs", "--checkpoint-path", tmp_path / "out", *extra]
-    with contextlib.chdir(tmp_path):
-        load_experiment(experiment).main([str(a) for a in argv])
+    run_main(experiment, argv, tmp_path)
     return tmp_path / "runs" / "r"
 
 
