@@ -228,10 +228,21 @@ def fails_with(module, argv, capsys):
 
 
 def run_main(experiment, argv, cwd):
-    """experiment's train.py main(argv) in this process, from cwd: a start whose files are what a test checks (a fresh
-    interpreter would spend about 10 s importing torch, transformers and peft); it must succeed."""
-    with contextlib.chdir(cwd):
+    """experiment's train.py (a folder's name, or a path) main(argv) in this process, from cwd: a start whose files
+    are what a test checks (a fresh interpreter would spend about 10 s importing torch, transformers and peft); it
+    must succeed."""
+    with contextlib.chdir(cwd), sys_path_kept():
         load_experiment(experiment).main([str(a) for a in argv])
+
+
+@contextlib.contextmanager
+def sys_path_kept():
+    """sys.path as it was, after a train.py loaded in this process put its checkout first (a copy's folder above)."""
+    kept = list(sys.path)
+    try:
+        yield
+    finally:
+        sys.path[:] = kept
 
 
 def write_jsonl(path, rows):

@@ -1,13 +1,14 @@
 """The benchmarks cannot rot: each runs once with the tiny model and tiny settings (CI does not run
 them for real; their figures are in README.md)."""
 
+import importlib
 import json
 import re
 import os
 from pathlib import Path
 
 import pytest
-from conftest import EXPERIMENTS, ROOT, load_experiment, run_script, write_jsonl
+from conftest import EXPERIMENTS, ROOT, load_experiment, run_script, sys_path_kept, write_jsonl
 import tiny_grpo.checkpoints
 import tiny_grpo.logprobs
 
@@ -23,6 +24,19 @@ def run_benchmark(tmp_path, script, *args, dtype=None):
     if dtype:
         assert_names_machine(result.stdout, table["machine"], dtype)
     return result.stdout, table
+
+
+def run_here(capsys, tmp_path, script, *args, dtype=None):
+    """benchmarks/SCRIPT's main(args and --json) in this process, checked as run_benchmark checks a fresh one's run,
+    which spends about 10 s importing torch, transformers and peft first: for a benchmark whose own process is not what
+    the test checks (the processes it starts itself still start). Returns its output and the JSON it wrote."""
+    out = tmp_path / f"{script}.json"
+    with sys_path_kept():  # (--experiment's copy puts its checkout first)
+        importlib.import_module(Path(script).stem).main([*map(str, args), "--json", str(out)])
+    stdout, table = capsys.readouterr().out, json.loads(out.read_text())
+    if dtype:
+        assert_names_machine(stdout, table["machine"], dtype)
+    return stdout, table
 
 
 def assert_names_machine(stdout, where, dtype):
@@ -61,10 +75,10 @@ def test_the_machine_line_names_the_kernels_and_their_caps():
     assert plain_info["kernels"] != "DEFAULT" and "isa_caps" not in plain_info and "=" not in plain.split(";")[0]
 
 
-def test_step_time_benchmark_runs(tiny_model_dir, tmp_path):
-    stdout, table = run_benchmark(tmp_path, "step_time.py", "--model-name", tiny_model_dir, "--steps", "2",
-                                  "--max-new-tokens", "8", "--dtype", "float32", "--profile", "--patience", "0",
-                                  dtype="float32")  # the roofline's figures once: the suite's other worker is busy
+def test_step_time_benchmark_runs(tiny_model_dir, tmp_path, capsys):
+    stdout, table = run_here(capsys, tmp_path, "step_time.py", "--model-name", tiny_model_dir, "--steps", "2",
+                             "--max-new-tokens", "8", "--dtype", "float32", "--profile", "--patience", "0",
+                             dtype="float32")  # the roofline's figures once: the suite's other worker is busy
     assert "| seconds per step (median)" in stdout and "| training GFLOP/s" in stdout
     peak = table["matmul_peak"]["flops_per_second"]
     for side in ("project", "trl"):
@@ -219,34 +233,38 @@ def test_the_reasoning_checker_wants_the_true_step_and_a_true_last_sum(completio
     assert learning.faithful("What number comes next: 20, 24, 28, 32, ...?", completion) is faithful
 
 
-def test_levers_benchmark_runs(tiny_model_dir, tmp_path):
-    _, table = run_benchmark(tmp_path, "levers.py", "--model-name", tiny_model_dir, "--steps", "2",
-                             "--max-new-tokens", "8", "--dtype", "float32", "--configs", "default", "full_logits",
-                             "autograd_head", dtype="float32")
+def test_levers_benchmark_runs(tiny_model_dir, tmp_path, capsys):
+    """Two configurations, each in a process of its own (a third would only cost another start)."""
+    _, table = run_here(capsys, tmp_path, "levers.py", "--model-name", tiny_model_dir, "--steps", "2",
+                        "--max-new-tokens", "8", "--dtype", "float32", "--configs", "default", "autograd_head",
+                        dtype="float32")
     configs = {name: figures for name, figures in table.items() if name != "machine"}
-    assert list(configs) == ["default", "full_logits", "autograd_head"]
+    assert list(configs) == ["default", "autograd_head"]
     assert all(r["sampling_seconds"] > 0 and r["training_seconds"] > 0 for r in configs.values())
 
 
-def test_evaluate_benchmark_runs(tiny_model_dir, tmp_path):
-    stdout, table = run_benchmark(tmp_path, "evaluate.py", "--model-name", tiny_model_dir, "--eval-prompts", "3",
-                                  "--max-length", "8", "--dtype", "float32", "--tasks", "math", "gsm8k", dtype="float32")
+def test_evaluate_benchmark_runs(tiny_model_dir, tmp_path, capsys):
+    stdout, table = run_here(capsys, tmp_path, "evaluate.py", "--model-name", tiny_model_dir, "--eval-prompts", "3",
+                             "--max-length", "8", "--dtype", "float32", "--tasks", "math", "gsm8k", dtype="float32")
     assert table["math"]["problems"] == 3 and 0 <= table["math"]["eval/accuracy"] <= 1
     assert "cannot reach the Hugging Face hub" in table["gsm8k"]["missing"] and "not run" in stdout  # offline: said, the rest run
 
 
-def test_evaluate_samples_filter_and_data(tiny_model_dir, tmp_path):
+def test_evaluate_samples_filter_and_data(tiny_model_dir, tmp_path, capsys):
     rows = [{"question": f"What is {i} + 1?", "answer": str(i + 1), "kind": "easy" if i % 3 else "hard"} for i in range(9)]
     data = write_jsonl(tmp_path / "held_out.jsonl", rows)
-    stdout, table = run_benchmark(tmp_path, "evaluate.py", "--model-name", tiny_model_dir, "--tasks", "gsm8k",
-                                  "--data", f"gsm8k={data}", "--filter", "kind=easy", "--samples", "3", "--max-length", "6",
-                                  "--dtype", "float32")
+    stdout, table = run_here(capsys, tmp_path, "evaluate.py", "--model-name", tiny_model_dir, "--tasks", "gsm8k",
+                             "--data", f"gsm8k={data}", "--filter", "kind=easy", "--samples", "3", "--max-length", "6",
+                             "--dtype", "float32")
     gsm8k = table["gsm8k"]
     assert gsm8k["problems"] == 6  # the 'easy' rows of the file given with --data, not openai/gsm8k's test split
     assert 0 <= gsm8k["sample_accuracy"] <= gsm8k["pass@3"] <= 1
     assert "| sampled accuracy | pass@3 |" in stdout
-    bad = run_script(ROOT / "benchmarks" / "evaluate.py", "--data", "poetry=x.jsonl")
-    assert bad.returncode != 0 and "unknown task" in bad.stderr
+    import evaluate
+
+    with pytest.raises(SystemExit) as stopped:
+        evaluate.main(["--data", "poetry=x.jsonl"])
+    assert stopped.value.code != 0 and "unknown task" in capsys.readouterr().err
 
 
 def test_retrieval_benchmark_runs(tmp_path):
@@ -258,8 +276,8 @@ def test_retrieval_benchmark_runs(tmp_path):
     assert "| bm25 |" in stdout
 
 
-def test_memory_estimate_runs(tmp_path):
-    _, table = run_benchmark(tmp_path, "memory_estimate.py", "--tiny", "--measure-tokens", "32", dtype="bfloat16")
+def test_memory_estimate_runs(tmp_path, capsys):
+    _, table = run_here(capsys, tmp_path, "memory_estimate.py", "--tiny", "--measure-tokens", "32", dtype="bfloat16")
     parts = table["parts"]
     # bfloat16 KV cache of 2 layers x (K, V) x 8 heads x 64 dims: 4 KiB per token
     assert parts["kv_per_token"] == 2 * 2 * 8 * 64 * 2
@@ -286,15 +304,30 @@ def test_plot_runs_compares_runs(tmp_path):
     assert missing.returncode != 0 and "train/kl" in missing.stderr
 
 
-def test_gpu_run_dry_run(tmp_path):
-    """The GPU kit's code path on the CPU: experiment_base's steps on a 2-layer Llama of small widths and random
-    weights, which never stops early (the worst case), then TRL's GRPOTrainer on the same steps, and batch sizes that
-    fit each cap, fewer for a smaller one (estimated from Llama-3.2-1B's own shapes)."""
-    stdout, table = run_benchmark(tmp_path, "gpu_run.py", "--dry-run", "--steps", "2", dtype="bfloat16")
-    assert [step["tokens"] for step in table["steps"]] == [2 * 2 * 8] * 2  # 2 prompts x 2 completions x 8 tokens
-    # the same steps through TRL's GRPOTrainer (4-bit model, same sizes), side by side
-    assert [step["tokens"] for step in table["trl"]["steps"]] == [2 * 2 * 8] * 2
-    assert "| seconds per step (median) |" in stdout and table["trl"]["side_by_side"]["TRL"]["tokens_per_second"] > 0
+def test_gpu_run_dry_run(tmp_path, capsys):
+    """The GPU kit's code path on the CPU, in this process (a fresh one spends about 10 s importing): experiment_base's
+    step on a 2-layer Llama of small widths and random weights, which never stops early (the worst case), and batch
+    sizes that fit each cap, fewer for a smaller one (estimated from Llama-3.2-1B's own shapes). For a lease's
+    before/after in one command, --experiment runs an older copy of train.py placed in a folder (here one that leaves
+    a mark as it loads), --evaluate times its step-0 held-out evaluation first (greedy, one completion per problem),
+    and each step's figures are printed as it ends, so that a command stopped by the lease's time limit keeps them.
+    TRL's GRPOTrainer on the same steps, side by side: gpu_check.sh's dry run runs it (tests/test_gpu_check.py)."""
+    import gpu_run
+    import torch
+
+    copy = tmp_path / "older"
+    copy.mkdir()
+    source = (ROOT / "experiment_base" / "train.py").read_text()
+    marked = source.replace("@torch.no_grad()\ndef rollout(", "print('the older copy runs')\n\n@torch.no_grad()\ndef rollout(", 1)
+    assert marked != source
+    (copy / "train.py").write_text(marked)
+    stdout, table = run_here(capsys, tmp_path, "gpu_run.py", "--dry-run", "--steps", "1", "--skip-trl", "--evaluate",
+                             "--experiment", copy, dtype="bfloat16")
+    assert "the older copy runs" in stdout and [step["tokens"] for step in table["steps"]] == [2 * 2 * 8]  # 2 x 2 x 8 tokens
+    assert re.search(r"^step 1: \{.*\"tokens\": 32", stdout, re.M) and "the step-0 evaluation: 2 held-out problems" in stdout
+    evaluation = table["steps"][0]["evaluation"]
+    assert evaluation["rows"] == 2 and evaluation["tokens"] == 2 * 8 and evaluation["seconds"] > 0  # 2 problems x 8 tokens
+    assert "eval/accuracy" in evaluation and table["trl"] is None
     assert table["estimate_gb"]["sampling"] > 1 and table["estimate_gb"]["training"] > 1  # 256 x 512 tokens, 16 trained
     sizes = [table["recommendation"][cap] for cap in ("24", "16", "12", "8")]
     for larger, smaller in zip(sizes, sizes[1:]):
@@ -302,32 +335,9 @@ def test_gpu_run_dry_run(tmp_path):
         assert larger["train_batch_size"] >= smaller["train_batch_size"] >= 1
     assert sizes[0]["generation_batch_size"] > sizes[-1]["generation_batch_size"]
     assert "| 8 |" in stdout
-    import gpu_run  # its refusal, in this process (a second process would import torch again)
-    import torch
-
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit, match="no CUDA device here; --dry-run"):
             gpu_run.main(["--steps", "1"])
-
-
-def test_gpu_run_times_the_step_0_evaluation_and_runs_another_copy(tmp_path):
-    """For a lease's before/after in one command: --experiment runs an older copy of experiment_base's train.py placed
-    in a folder (here one that leaves a mark as it loads), --evaluate times train.py's step-0 held-out evaluation first
-    (greedy, one completion per problem), and each step's figures are printed as it ends, so that a command stopped by
-    the lease's time limit keeps them; --skip-estimate leaves out the estimate."""
-    copy = tmp_path / "older"
-    copy.mkdir()
-    source = (ROOT / "experiment_base" / "train.py").read_text()
-    marked = source.replace("@torch.no_grad()\ndef rollout(", "print('the older copy runs')\n\n@torch.no_grad()\ndef rollout(", 1)
-    assert marked != source
-    (copy / "train.py").write_text(marked)
-    stdout, table = run_benchmark(tmp_path, "gpu_run.py", "--dry-run", "--steps", "1", "--skip-trl", "--skip-estimate",
-                                  "--evaluate", "--experiment", str(copy))
-    assert "the older copy runs" in stdout
-    evaluation = table["steps"][0]["evaluation"]
-    assert evaluation["rows"] == 2 and evaluation["tokens"] == 2 * 8 and evaluation["seconds"] > 0  # 2 problems x 8 tokens
-    assert "eval/accuracy" in evaluation and "estimate_gb" not in table
-    assert re.search(r"^step 1: \{.*\"tokens\": 32", stdout, re.M) and "the step-0 evaluation: 2 held-out problems" in stdout
 
 
 def test_evaluate_takes_the_checkpoints_own_adapter_shape(tiny_model_dir, tmp_path, capsys):
@@ -807,10 +817,11 @@ def assert_roofline(table, steps, stdout):
     assert "read bandwidth " in stdout and "matmul peak " in stdout
 
 
-def test_step_time_alone_prints_and_writes_its_roofline(tiny_model_dir, tmp_path):
-    """--only project, the issue's command: its roofline printed and in its JSON and RESULT line, with the machine."""
-    stdout, table = run_benchmark(tmp_path, "step_time.py", "--model-name", tiny_model_dir, "--steps", "2",
-                                  "--max-new-tokens", "8", "--dtype", "float32", "--only", "project", "--patience", "0",
-                                  dtype="float32")
+def test_step_time_alone_prints_and_writes_its_roofline(tiny_model_dir, tmp_path, capsys):
+    """--only project, the issue's command: its roofline printed and in its JSON and RESULT line, with the machine (run
+    in this process: a fresh one spends about 10 s importing)."""
+    stdout, table = run_here(capsys, tmp_path, "step_time.py", "--model-name", tiny_model_dir, "--steps", "2",
+                             "--max-new-tokens", "8", "--dtype", "float32", "--only", "project", "--patience", "0",
+                             dtype="float32")
     assert_roofline(table["project"], table["project"]["steps"], stdout)
     assert json.loads(stdout.rsplit("RESULT ", 1)[1]) == table["project"]

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import gpu_check  # benchmarks/, on the path through conftest
+import gpu_run
 from conftest import ROOT
 
 KEYS = {1: {"graph", "rest"},
@@ -18,8 +19,9 @@ KEYS = {1: {"graph", "rest"},
         5: {"settings", "steps", "trl", "side_by_side", "step_time_over_trl"}}
 
 
-def test_the_dry_run_writes_and_prints_each_part_as_it_ends(tmp_path):
-    """The dry run writes in $OUT/dry_run/ (a GPU run's results in $OUT stay: tests/test_hostile_round5_scripts.py)."""
+def test_the_dry_run_writes_and_prints_each_part_as_it_ends(tmp_path, capsys):
+    """The dry run writes in $OUT/dry_run/ (a GPU run's results in $OUT stay: tests/test_hostile_round5_scripts.py);
+    its part 5 is the only run of TRL's side by side in the suite, so gpu_run.py's table of it is checked here."""
     env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
     tmp_path = tmp_path / "dry_run"
     process = subprocess.Popen(["bash", ROOT / "benchmarks" / "gpu_check.sh", "--dry-run"], cwd=ROOT, env=env,
@@ -42,6 +44,8 @@ def test_the_dry_run_writes_and_prints_each_part_as_it_ends(tmp_path):
     assert [s["tokens"] for s in steps["steps"]] == [2 * 2 * 8] * 3 and steps["peak_gb"] is None  # no GPU peaks
     assert estimate["estimate_gb"]["training"] > 0 and estimate["reserved_gb"] is None
     assert len(trl["trl"]["steps"]) == 2 and trl["step_time_over_trl"] > 0
+    gpu_run.print_side_by_side(trl["side_by_side"])  # as gpu_run.py prints it, TRL's steps beside experiment_base's
+    assert re.search(r"^\| seconds per step \(median\) \| [\d.]+ \| [\d.]+ \| [\d.]+ \|$", capsys.readouterr().out, re.M)
     assert (tmp_path / "gpu_check.log").read_text() == "".join(output)  # the whole output, kept beside the JSON
 
 

@@ -159,18 +159,17 @@ def test_item17_a_copy_of_train_py_is_evaluated_as_experiment_base(tiny_model_di
     import torch
 
     import evaluate
-    from conftest import earlier_cpu_defaults, load_experiment, write_jsonl
+    from conftest import earlier_cpu_defaults, load_experiment, run_main, write_jsonl
 
     copy = tmp_path / "my_exp" / "train.py"
     copy.parent.mkdir()
     shutil.copy(ROOT / "experiment_base" / "train.py", copy)
     data = write_jsonl(tmp_path / "tasks.jsonl", [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(4)])
-    trained = run_command([PYTHON, copy, "--model-name", tiny_model_dir, "--data-path", data, "--device", "cpu",
-                           "--dtype", "float32", "--max-steps", "1", "--group-size", "2", "--rollouts-per-step", "2",
-                           "--max-length", "4", "--eval-interval", "0", "--lora-r", "4", "--run-name", "run",
-                           "--log-dir", tmp_path / "runs", "--checkpoint-path", tmp_path / "out",
-                           *earlier_cpu_defaults(load_experiment())], cwd=tmp_path)
-    assert trained.returncode == 0, trained.stderr[-3000:]
+    run_main(copy.parent, ["--model-name", tiny_model_dir, "--data-path", data, "--device", "cpu", "--dtype", "float32",
+                           "--max-steps", "1", "--group-size", "2", "--rollouts-per-step", "2", "--max-length", "4",
+                           "--eval-interval", "0", "--lora-r", "4", "--run-name", "run", "--log-dir", tmp_path / "runs",
+                           "--checkpoint-path", tmp_path / "out", *earlier_cpu_defaults(load_experiment())], tmp_path)
+    capsys.readouterr()  # the run's own output
     step = tmp_path / "out" / "run" / "step_000001"
     assert torch.load(step / "training_state.pt", weights_only=True)["experiment"] == "my_exp"
 
