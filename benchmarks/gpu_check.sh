@@ -16,14 +16,16 @@ if ! command -v "$PYTHON" >/dev/null; then
 fi
 if [[ " $* " == *" --dry-run "* ]]; then
     :  # the packages of the environment it runs in
-elif [[ -d .gpu-wheels ]]; then
+elif [[ ! -d .gpu-wheels ]]; then
+    echo "no .gpu-wheels here (benchmarks/gpu_wheels.sh makes it): the machine's own packages"
+elif "$PYTHON" -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
+    # (where CUDA is not, or torch: the wheels, made for the GPU machine's python, are left alone and the refusal
+    # below says what is missing, not pip that a wheel does not fit this python)
     site=/tmp/gpu-check-site  # the carried packages, ahead of the image's own on the path
     "$PYTHON" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
         --find-links .gpu-wheels .gpu-wheels/*.whl || exit 1
     export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
     echo "installed $(ls .gpu-wheels/*.whl | wc -l) wheels from .gpu-wheels in $SECONDS s"
-else
-    echo "no .gpu-wheels here (benchmarks/gpu_wheels.sh makes it): the machine's own packages"
 fi
 if [[ " $* " == *" -h "* || " $* " == *" --help "* ]]; then
     exec "$PYTHON" benchmarks/gpu_check.py --help

@@ -85,9 +85,8 @@ def test_reward_fn_still_gets_a_timestamp_column_as_a_datetime(tiny_model_dir, t
         "import datetime\n\ndef reward(completion, answer, metadata):\n"
         "    assert isinstance(metadata['when'], datetime.datetime) and metadata['blob'] == b'\\x00\\xff', metadata\n"
         "    return 1.0\n")
-    result = run_script(BASE, *run_args(tiny_model_dir, data, tmp_path, "--run-name", "r", "--reward-fn",
-                                        "typed_reward:reward"), cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_main("experiment_base", run_args(tiny_model_dir, data, tmp_path, "--run-name", "r", "--reward-fn",
+                                         "typed_reward:reward"), tmp_path)  # (the worker is a fresh process still)
     assert (tmp_path / "out" / "r" / "step_000001").is_dir()
 
 
