@@ -13,27 +13,22 @@ import tiny_grpo.checkpoints
 import tiny_grpo.logprobs
 
 
-def run_benchmark(tmp_path, script, *args, dtype=None):
+def run_benchmark(tmp_path, script, *args, dtype=None, capsys=None):
     """Run benchmarks/SCRIPT with args and --json; it must succeed. Returns its output and the JSON it wrote. A
     benchmark that measures (given the dtype it must report) names the machine in both: a figure means little
-    without the CPU it was taken on."""
+    without the CPU it was taken on. Given capsys, its main() runs in this process instead, for a benchmark whose own
+    process is not what the test checks: a fresh one spends about 10 s importing torch, transformers and peft (the
+    processes the benchmark starts itself still start)."""
     out = tmp_path / f"{script}.json"
-    result = run_script(ROOT / "benchmarks" / script, *args, "--json", out)
-    assert result.returncode == 0, result.stderr[-3000:]
+    if capsys is None:
+        result = run_script(ROOT / "benchmarks" / script, *args, "--json", out)
+        assert result.returncode == 0, result.stderr[-3000:]
+        stdout = result.stdout
+    else:
+        with sys_path_kept():  # (gpu_run.py's --experiment copy puts its checkout first)
+            importlib.import_module(Path(script).stem).main([*map(str, args), "--json", str(out)])
+        stdout = capsys.readouterr().out
     table = json.loads(out.read_text())
-    if dtype:
-        assert_names_machine(result.stdout, table["machine"], dtype)
-    return result.stdout, table
-
-
-def run_here(capsys, tmp_path, script, *args, dtype=None):
-    """benchmarks/SCRIPT's main(args and --json) in this process, checked as run_benchmark checks a fresh one's run,
-    which spends about 10 s importing torch, transformers and peft first: for a benchmark whose own process is not what
-    the test checks (the processes it starts itself still start). Returns its output and the JSON it wrote."""
-    out = tmp_path / f"{script}.json"
-    with sys_path_kept():  # (--experiment's copy puts its checkout first)
-        importlib.import_module(Path(script).stem).main([*map(str, args), "--json", str(out)])
-    stdout, table = capsys.readouterr().out, json.loads(out.read_text())
     if dtype:
         assert_names_machine(stdout, table["machine"], dtype)
     return stdout, table
@@ -76,9 +71,9 @@ def test_the_machine_line_names_the_kernels_and_their_caps():
 
 
 def test_step_time_benchmark_runs(tiny_model_dir, tmp_path, capsys):
-    stdout, table = run_here(capsys, tmp_path, "step_time.py", "--model-name", tiny_model_dir, "--steps", "2",
-                             "--max-new-tokens", "8", "--dtype", "float32", "--profile", "--patience", "0",
-                             dtype="float32")  # the roofline's figures once: the suite's other worker is busy
+    stdout, table = run_benchmark(tmp_path, "step_time.py", "--model-name", tiny_model_dir, "--steps", "2",
+                                  "--max-new-tokens", "8", "--dtype", "float32", "--profile", "--patience", "0",
+                                  dtype="float32", capsys=capsys)  # the roofline's figures once: the other worker is busy
     assert "| seconds per step (median)" in stdout and "| training GFLOP/s" in stdout
     peak = table["matmul_peak"]["flops_per_second"]
     for side in ("project", "trl"):
@@ -235,17 +230,18 @@ def test_the_reasoning_checker_wants_the_true_step_and_a_true_last_sum(completio
 
 def test_levers_benchmark_runs(tiny_model_dir, tmp_path, capsys):
     """Two configurations, each in a process of its own (a third would only cost another start)."""
-    _, table = run_here(capsys, tmp_path, "levers.py", "--model-name", tiny_model_dir, "--steps", "2",
-                        "--max-new-tokens", "8", "--dtype", "float32", "--configs", "default", "autograd_head",
-                        dtype="float32")
+    _, table = run_benchmark(tmp_path, "levers.py", "--model-name", tiny_model_dir, "--steps", "2",
+                             "--max-new-tokens", "8", "--dtype", "float32", "--configs", "default", "autograd_head",
+                             dtype="float32", capsys=capsys)
     configs = {name: figures for name, figures in table.items() if name != "machine"}
     assert list(configs) == ["default", "autograd_head"]
     assert all(r["sampling_seconds"] > 0 and r["training_seconds"] > 0 for r in configs.values())
 
 
 def test_evaluate_benchmark_runs(tiny_model_dir, tmp_path, capsys):
-    stdout, table = run_here(capsys, tmp_path, "evaluate.py", "--model-name", tiny_model_dir, "--eval-prompts", "3",
-                             "--max-length", "8", "--dtype", "float32", "--tasks", "math", "gsm8k", dtype="float32")
+    stdout, table = run_benchmark(tmp_path, "evaluate.py", "--model-name", tiny_model_dir, "--eval-prompts", "3",
+                                  "--max-length", "8", "--dtype", "float32", "--tasks", "math", "gsm8k", dtype="float32",
+                                  capsys=capsys)
     assert table["math"]["problems"] == 3 and 0 <= table["math"]["eval/accuracy"] <= 1
     assert "cannot reach the Hugging Face hub" in table["gsm8k"]["missing"] and "not run" in stdout  # offline: said, the rest run
 
@@ -253,9 +249,9 @@ def test_evaluate_benchmark_runs(tiny_model_dir, tmp_path, capsys):
 def test_evaluate_samples_filter_and_data(tiny_model_dir, tmp_path, capsys):
     rows = [{"question": f"What is {i} + 1?", "answer": str(i + 1), "kind": "easy" if i % 3 else "hard"} for i in range(9)]
     data = write_jsonl(tmp_path / "held_out.jsonl", rows)
-    stdout, table = run_here(capsys, tmp_path, "evaluate.py", "--model-name", tiny_model_dir, "--tasks", "gsm8k",
-                             "--data", f"gsm8k={data}", "--filter", "kind=easy", "--samples", "3", "--max-length", "6",
-                             "--dtype", "float32")
+    stdout, table = run_benchmark(tmp_path, "evaluate.py", "--model-name", tiny_model_dir, "--tasks", "gsm8k",
+                                  "--data", f"gsm8k={data}", "--filter", "kind=easy", "--samples", "3", "--max-length", "6",
+                                  "--dtype", "float32", capsys=capsys)
     gsm8k = table["gsm8k"]
     assert gsm8k["problems"] == 6  # the 'easy' rows of the file given with --data, not openai/gsm8k's test split
     assert 0 <= gsm8k["sample_accuracy"] <= gsm8k["pass@3"] <= 1
@@ -277,7 +273,8 @@ def test_retrieval_benchmark_runs(tmp_path):
 
 
 def test_memory_estimate_runs(tmp_path, capsys):
-    _, table = run_here(capsys, tmp_path, "memory_estimate.py", "--tiny", "--measure-tokens", "32", dtype="bfloat16")
+    _, table = run_benchmark(tmp_path, "memory_estimate.py", "--tiny", "--measure-tokens", "32", dtype="bfloat16",
+                             capsys=capsys)
     parts = table["parts"]
     # bfloat16 KV cache of 2 layers x (K, V) x 8 heads x 64 dims: 4 KiB per token
     assert parts["kv_per_token"] == 2 * 2 * 8 * 64 * 2
@@ -321,8 +318,8 @@ def test_gpu_run_dry_run(tmp_path, capsys):
     marked = source.replace("@torch.no_grad()\ndef rollout(", "print('the older copy runs')\n\n@torch.no_grad()\ndef rollout(", 1)
     assert marked != source
     (copy / "train.py").write_text(marked)
-    stdout, table = run_here(capsys, tmp_path, "gpu_run.py", "--dry-run", "--steps", "1", "--skip-trl", "--evaluate",
-                             "--experiment", copy, dtype="bfloat16")
+    stdout, table = run_benchmark(tmp_path, "gpu_run.py", "--dry-run", "--steps", "1", "--skip-trl", "--evaluate",
+                                  "--experiment", copy, dtype="bfloat16", capsys=capsys)
     assert "the older copy runs" in stdout and [step["tokens"] for step in table["steps"]] == [2 * 2 * 8]  # 2 x 2 x 8 tokens
     assert re.search(r"^step 1: \{.*\"tokens\": 32", stdout, re.M) and "the step-0 evaluation: 2 held-out problems" in stdout
     evaluation = table["steps"][0]["evaluation"]
@@ -820,8 +817,8 @@ def assert_roofline(table, steps, stdout):
 def test_step_time_alone_prints_and_writes_its_roofline(tiny_model_dir, tmp_path, capsys):
     """--only project, the issue's command: its roofline printed and in its JSON and RESULT line, with the machine (run
     in this process: a fresh one spends about 10 s importing)."""
-    stdout, table = run_here(capsys, tmp_path, "step_time.py", "--model-name", tiny_model_dir, "--steps", "2",
-                             "--max-new-tokens", "8", "--dtype", "float32", "--only", "project", "--patience", "0",
-                             dtype="float32")
+    stdout, table = run_benchmark(tmp_path, "step_time.py", "--model-name", tiny_model_dir, "--steps", "2",
+                                  "--max-new-tokens", "8", "--dtype", "float32", "--only", "project", "--patience", "0",
+                                  dtype="float32", capsys=capsys)
     assert_roofline(table["project"], table["project"]["steps"], stdout)
     assert json.loads(stdout.rsplit("RESULT ", 1)[1]) == table["project"]
