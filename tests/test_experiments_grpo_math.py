@@ -210,6 +210,39 @@ def test_action_log_prob_gradient_is_written_out_right(experiment, dtype, softca
         assert torch.autograd.gradcheck(log_prob, small if layer_trained else small[:1], eps=1e-2, atol=1e-2, rtol=1e-2)
 
 
+def test_exp_flushes_only_what_float32_cannot_add(monkeypatch):
+    """exp_, .exp_()'s fast form: the same bits for every float32 from EXP_FLOOR to -80, 0 for every one from -200 to
+    the floor (e^x <= 1.6e-38), NaN and infinities as .exp_(); and in ActionLogProb, on logits spread as Gemma-3's
+    are at T = 0.35 (a fifth and more below the floor), the same log-probs, entropies and gradients, bit for bit, as
+    with .exp_() itself."""
+    exp_, floor = tiny_grpo.logprobs.exp_, tiny_grpo.logprobs.EXP_FLOOR
+    every = torch.arange(*torch.tensor([-80.0, -200.0]).view(torch.int32).tolist(), dtype=torch.int64)
+    x = every.to(torch.int32).view(torch.float32)  # each float32 from -80 down to -200, about 11 million
+    ours, plain, above = exp_(x.clone()), x.clone().exp_(), x > floor
+    assert torch.equal(ours[above].view(torch.int32), plain[above].view(torch.int32))
+    assert (ours[~above] == 0).all() and (plain[~above] > 0).any() and above.any()
+    special = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -1.0])
+    torch.testing.assert_close(exp_(special.clone()), special.clone().exp_(), rtol=0, atol=0, equal_nan=True)
+    torch.manual_seed(0)
+    weight = torch.randn(32768, 64) * 0.5
+    hidden, actions = torch.randn(40, 64) * 3, torch.randint(0, 32768, (40,))
+    z = hidden @ weight.t() / 0.35
+    assert ((z - z.amax(-1, keepdim=True)) <= floor).float().mean() > 0.2  # as Gemma-3's: a fifth below the floor
+    results = []
+    for form in (exp_, lambda x: x.exp_()):
+        monkeypatch.setattr(tiny_grpo.logprobs, "exp_", form)
+        for trained in (False, True):  # LoRA: d log pi / dh formed in the forward pass; --no-lora: in the backward
+            h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_(trained)
+            work = tiny_grpo.logprobs.output_workspace(16, w)
+            parts = [tiny_grpo.logprobs.ActionLogProb.apply(hh, w, None, a, None, 0.35, work)
+                     for hh, a in zip(h.split(16), actions.split(16))]
+            log_probs, entropy = (torch.cat(p) for p in zip(*parts))
+            log_probs.sum().backward()
+            results.append([log_probs, entropy, h.grad] + ([w.grad] if trained else []))
+    for ours, plain in zip(results[:2], results[2:]):
+        assert all(torch.equal(a, b) for a, b in zip(ours, plain))
+
+
 @pytest.mark.parametrize("chunk_elements", [2**24, 50])  # one chunk, and many
 def test_fast_log_probs_equal_the_plain_form(tiny, monkeypatch, chunk_elements):
     """The run's log-probs (fast_log_probs: chunks, packed prompts, the gradient written out) are the story's plain
