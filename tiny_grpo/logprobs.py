@@ -117,9 +117,9 @@ def exp_(x):
     EPYC without AVX-512, PyTorch's exp took 15 to 40 times as long for an input whose e^x is below float32's normal
     range (docs/results/roofline.md); at T = 0.35 a fifth of Gemma-3's 262,144 shifted logits are there, and .exp_()
     took 145 ms of a 64-row chunk, this 23 ms. Above the floor, the same bits; below it, values under 1.6e-38 beside
-    a sum of at least 1 (the top logit's e^0), which float32 cannot hold: the log-probs, entropies and d log pi / dh
-    come out the same bits (test_exp_flushes_only_what_float32_cannot_add). Not in the backward pass of --no-lora,
-    whose dL/dW has rows made of such values alone: there, .exp_()."""
+    a sum of at least 1 (the top logit's e^0), which float32 cannot hold: log-probs, entropies and d log pi / dh came
+    out the same bits on a Gemma-3 batch and in test_exp_flushes_only_what_float32_cannot_add. Not in --no-lora's
+    backward pass, whose dL/dW has rows made of such values alone: there, .exp_()."""
     at_floor = torch.full((64,), EXP_FLOOR).exp_()[0].item()  # e^floor as .exp_() rounds it: 0 at or below it
     return torch.nn.functional.threshold_(x.clamp_(min=EXP_FLOOR).exp_(), at_floor, 0.0)
 
