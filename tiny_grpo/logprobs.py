@@ -110,6 +110,7 @@ class ActionLogProb(torch.autograd.Function):
         return grad_hidden, grad_weight, grad_bias, None, None, None, None
 
 EXP_FLOOR = -87.0  # exp_ gives 0 at or below it: e^-87 = 1.6e-38, float32's normal range ends at 1.2e-38 (e^-87.34)
+AT_FLOOR = torch.full((64,), EXP_FLOOR).exp_()[0].item()  # e^floor as .exp_() rounds it (once, at import)
 
 def exp_(x):
     """x.exp_()'s fast form for x = z - max(z) in ActionLogProb's forward pass: e^x in place, and 0 where
@@ -120,8 +121,7 @@ def exp_(x):
     a sum of at least 1 (the top logit's e^0), which float32 cannot hold: log-probs, entropies and d log pi / dh came
     out the same bits on a Gemma-3 batch and in test_exp_flushes_only_what_float32_cannot_add. Not in --no-lora's
     backward pass, whose dL/dW has rows made of such values alone: there, .exp_()."""
-    at_floor = torch.full((64,), EXP_FLOOR).exp_()[0].item()  # e^floor as .exp_() rounds it: 0 at or below it
-    return torch.nn.functional.threshold_(x.clamp_(min=EXP_FLOOR).exp_(), at_floor, 0.0)
+    return torch.nn.functional.threshold_(x.clamp_(min=EXP_FLOOR).exp_(), AT_FLOOR, 0.0)  # 0 where <= e^floor
 
 def log_prob_gradient(probs, spare, actions, grad, ctx):
     """g d log pi / du [N, V] (g = 1 when None), formed in place from softmax(z) in one float32 buffer of
