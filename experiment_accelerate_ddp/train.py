@@ -57,7 +57,7 @@ from tiny_grpo.decode import draw, ends_with_stop_string, nucleus, pad_right, sa
 from tiny_grpo.errors import DivergedError, InputError
 from tiny_grpo.logprobs import fast_log_probs
 from tiny_grpo.models import (attention_implementation, chat_prompt, keep_quantized_layout, load_tokenizer,
-    resolve_dtype, resolve_model_path, sampling_weights, uncast_lora_inputs)
+    resolve_dtype, resolve_model_path, sampling_weights, uncast_lora_inputs, without_bitsandbytes)
 from tiny_grpo.options import HelpFormatter, add_setup_options, check_setup, device_defaults, has_splits, integer, real
 from tiny_grpo.rewards import OutsideTerms
 from tiny_grpo.skill import baseline_scores
@@ -131,7 +131,6 @@ def parse_args(argv=None):
 def load_model(args):
     """(model, tokenizer): the model in 4-bit NF4 (double quantization, compute in --dtype) with a LoRA adapter
     on every linear layer, unless --quantization or --no-lora say otherwise."""
-    from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
     path = resolve_model_path(args.model_name)  # a .gguf file is converted once into a cache
     tokenizer = load_tokenizer(path, args.model_name)  # left padding: every prompt ends where sampling starts
@@ -150,9 +149,11 @@ def load_model(args):
     if args.gradient_checkpointing:  # recompute each layer's activations in the backward pass
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     if args.lora:  # get_peft_model freezes the base weights
-        lora = LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
-                          target_modules="all-linear", task_type="CAUSAL_LM")
-        model = get_peft_model(model, lora)
+        with without_bitsandbytes(args.quantization):  # peft imports it wherever installed: 5 s of a CPU run's start
+            from peft import LoraConfig, get_peft_model
+            lora = LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
+                              target_modules="all-linear", task_type="CAUSAL_LM")
+            model = get_peft_model(model, lora)
     return model, tokenizer
 
 @contextlib.contextmanager

@@ -4,11 +4,13 @@ import contextlib
 import math
 import os
 import random
+import sys
 
 import pytest
 import torch
 
-from conftest import SINGLE_PROCESS, assert_seeded_shuffles, four_sequences, load_experiment, rows_per_pass, swapped
+from conftest import (ROOT, SINGLE_PROCESS, assert_seeded_shuffles, four_sequences, load_experiment, rows_per_pass,
+    run_command, swapped)
 import tiny_grpo.decode
 import tiny_grpo.logprobs
 import tiny_grpo.models
@@ -581,6 +583,33 @@ def test_quantized_gradients_survive_an_eval_forward(experiment, tiny_model_dir,
     assert first_layer and all(before[n].abs().sum() > 0 for n in first_layer)
     for name in before:
         assert torch.allclose(before[name], after[name], atol=1e-6), name
+
+
+def test_a_model_without_quantization_loads_without_bitsandbytes(tiny_model_dir):
+    """peft imports bitsandbytes wherever it is installed, 5 s of a CPU run's start (models.without_bitsandbytes): a
+    fresh process that loads a model with --quantization none has not imported it; a 4-bit model it loads next gets
+    bitsandbytes' LoRA layers all the same. A fresh process: the suite's workers imported both long before."""
+    code = f"""
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("train", {str(ROOT / "experiment_base" / "train.py")!r})
+train = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(train)
+def load(quantization):
+    args = train.parse_args(["--model-name", {str(tiny_model_dir)!r}, "--device", "cpu", "--dtype", "float32",
+                             "--quantization", quantization])
+    return train.load_model(args)[0]
+load("none")
+print("peft", "peft" in sys.modules, "bitsandbytes", "bitsandbytes" in sys.modules)
+import bitsandbytes, peft.tuners.lora.bnb
+model = load("4bit")
+print("4-bit layers", sum(isinstance(m, bitsandbytes.nn.Linear4bit) for m in model.modules()),
+      "their LoRA layers", sum(isinstance(m, peft.tuners.lora.bnb.Linear4bit) for m in model.modules()))
+"""
+    result = run_command([sys.executable, "-c", code])
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert "peft True bitsandbytes False" in lines, result.stdout
+    assert "4-bit layers 14 their LoRA layers 14" in lines, result.stdout  # 2 layers x 7 linear ones
 
 
 def load_4bit(experiment, model_dir, dtype, *extra):

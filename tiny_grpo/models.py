@@ -1,7 +1,7 @@
 """Model files: the packaged Gemma-3-270M (GGUF, converted once), tokenizers, the compute dtype, attention, 4-bit
 layouts, the dequantized sampling weights, LoRA's input casts, chat prompts."""
 
-import contextlib, functools, hashlib, json, logging, os, shutil, tempfile, warnings  # noqa: E401
+import contextlib, functools, hashlib, json, logging, os, shutil, sys, tempfile, warnings  # noqa: E401
 from pathlib import Path
 
 import torch
@@ -181,6 +181,28 @@ def resolve_dtype(name, device):
     # CPUs with AVX512-BF16 / AMX run bfloat16 matmuls about twice as fast as float32; others emulate it slowly
     has_bf16 = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
     return torch.bfloat16 if has_bf16 else torch.float32
+
+@contextlib.contextmanager
+def without_bitsandbytes(quantization):
+    """Inside, with nothing quantized, `import bitsandbytes` fails (None in sys.modules) unless it was imported
+    before, so that peft, which imports it wherever it is installed (at its own import, and where get_peft_model
+    looks for quantized layers), leaves it out. Its import calls torch.compile on its CPU kernels, which imports
+    TorchDynamo and Inductor: `import peft` took 12.2 s with it and 7.3 without on the 2-core EPYC (2026-11-30), at
+    the start of every run and subprocess test. Afterwards it imports as before, and peft asks again whether it is
+    there (its cached answers cleared): a 4-bit model loaded later in the same process gets bitsandbytes' LoRA
+    layers (tested)."""
+    hide = quantization == "none" and "bitsandbytes" not in sys.modules
+    if hide:
+        sys.modules["bitsandbytes"] = None
+    try:
+        yield
+    finally:
+        if hide and sys.modules.get("bitsandbytes", False) is None:
+            del sys.modules["bitsandbytes"]
+            import peft.import_utils
+
+            for name in ("is_bnb_available", "is_bnb_4bit_available"):  # functools.cache'd in peft 0.21
+                getattr(getattr(peft.import_utils, name, None), "cache_clear", lambda: None)()
 
 @contextlib.contextmanager
 def uncast_lora_inputs(model, active=None):
