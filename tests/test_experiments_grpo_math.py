@@ -269,6 +269,42 @@ def test_fast_log_probs_equal_the_plain_form(tiny, monkeypatch, chunk_elements):
         assert (a is None and b is None) or torch.allclose(a, b, atol=1e-5)
 
 
+def test_the_gradient_is_the_same_bits_on_two_threads_every_time(tiny_model_dir):
+    """A prompt's last state is before each of its completions' first tokens, so its gradient is their sum. Taken
+    by indexing, whose backward (index_put_ with accumulate) adds in whatever order two threads reach the rows, a
+    float32 training step of Gemma-3 came out one of two or three ways from one try to the next (docs/results/
+    roofline.md); fast_log_probs takes the states by index_select, whose backward adds in the rows' order. Here on two
+    threads, 512 one-token completions of one prompt (one packed sequence: every gradient goes to one state, the most
+    the threads can meet there): the body's gradient, ten times, the same bits."""
+    experiment = load_experiment("experiment_base")
+    args = experiment.parse_args(["--model-name", str(tiny_model_dir), "--device", "cpu", "--quantization", "none",
+                                  "--dtype", "float32"])
+    torch.manual_seed(0)
+    model, _ = experiment.load_model(args)
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(10, model.config.vocab_size, (1, 13), generator=generator).repeat(512, 1)
+    ids[:, -1] = torch.randint(10, model.config.vocab_size, (512,), generator=generator)
+    weights = torch.randn(512, 1, generator=generator)
+    grads, threads = [], torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for _ in range(10):
+            states = []
+            hook = model.get_base_model().model.norm.register_forward_hook(
+                lambda module, inputs, output: states.append(output) or output.retain_grad())
+            log_probs, _ = tiny_grpo.logprobs.fast_log_probs(model, ids, torch.ones_like(ids), 1)
+            hook.remove()
+            (log_probs * weights).sum().backward()
+            grads.append(states[0].grad.clone())
+            model.zero_grad()
+    finally:
+        torch.set_num_threads(threads)
+    assert grads[0].shape[:2] == (1, 12 + 512)  # one packed sequence: the prompt once, then the 512 completions
+    assert (grads[0][0, :11] == 0).all() and (grads[0][0, 11] != 0).all()  # the prompt's last state takes them all
+    for grad in grads[1:]:
+        assert torch.equal(grad, grads[0])
+
+
 def grouped_sequences(tokenizer):
     """(ids, mask, num_actions): a rollout batch's layout, rows in shuffled order: groups of 3 and 2 completions of
     two left-padded prompts, and one prompt with a single completion; completions right-padded."""

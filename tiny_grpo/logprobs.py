@@ -159,7 +159,10 @@ def fast_log_probs(model, input_ids, attention_mask, num_actions, temperature=1.
         hidden = body_and_head(model)[0](input_ids=ids, attention_mask=mask, position_ids=position_ids,
                                          use_cache=False).last_hidden_state
     action_mask = (attention_mask[:, -num_actions:] if action_mask is None else action_mask).bool()
-    hidden = hidden.flatten(0, 1)[before[action_mask]]  # [N, H]: the state before token t predicts token t
+    # [N, H]: the state before token t predicts token t. index_select, not [before[action_mask]]: a prompt's last state
+    # is before each of its completions' first tokens, and indexing's backward adds those gradients up in any order
+    # on two threads (PyTorch's parallel index_put_), index_select's in the order of the rows (index_add_)
+    hidden = hidden.flatten(0, 1).index_select(0, before[action_mask])
     actions = input_ids[:, -num_actions:][action_mask]  # [N]
     lm_head, softcap = output_layer(model)
     chunk = max(1, LOGITS_CHUNK_ELEMENTS // model.config.vocab_size)  # rows per chunk
