@@ -199,10 +199,9 @@ def without_bitsandbytes(quantization):
     finally:
         if hide and sys.modules.get("bitsandbytes", False) is None:
             del sys.modules["bitsandbytes"]
-            import peft.import_utils
-
+            utils = sys.modules.get("peft.import_utils")  # not imported again here: an error inside stays the error
             for name in ("is_bnb_available", "is_bnb_4bit_available"):  # functools.cache'd in peft 0.21
-                getattr(getattr(peft.import_utils, name, None), "cache_clear", lambda: None)()
+                getattr(getattr(utils, name, None), "cache_clear", lambda: None)()
 
 @contextlib.contextmanager
 def uncast_lora_inputs(model, active=None):
