@@ -17,6 +17,13 @@ WEIGHTS_ATOL = 1e-3
 FAST = ((tiny_grpo.decode, "sample_fast"), (tiny_grpo.logprobs, "fast_log_probs"), (tiny_grpo.update, "rows_that_count"))
 
 
+def fewer_problems(name):
+    """same_run's task, math, trains on data/math_tasks.jsonl, whose 50,000 prompts a start renders through the tiny
+    model's chat template (3.7 s); these runs set two forms of the same steps side by side, which the held-out
+    file's 2,000 problems serve as well. The multi-turn copies have their own data."""
+    return ["--data-path", "data/math_tasks_eval.jsonl"] if "--task" in same_run.options_for(name) else []
+
+
 def counting(monkeypatch, calls):
     """The fast forms a train.py imports (FAST), OldLogProbs' pi_old off the first pass and micro_batches' fast form,
     counting their calls in calls; set before the train.py is loaded, which then imports these."""
@@ -68,6 +75,7 @@ def test_a_plain_run_is_the_default_run(name, tiny_model_dir, tmp_path, monkeypa
         with monkeypatch.context() as patch:
             counting(patch, calls[-1])
             runs.append(same_run.two_steps(ROOT / name, tiny_model_dir, tmp_path / f"run{len(runs)}", *extra,
+                                           *fewer_problems(name),
                                            "--reward-fn", "length_reward:reward"))
     (completions, weights), (plain_completions, plain_weights) = runs
     assert plain_completions == completions
@@ -82,7 +90,8 @@ def test_a_run_resumes_with_or_without_plain(tiny_model_dir, tmp_path, monkeypat
     """--plain changes no number: a checkpoint of a default run is resumed with --plain (and the other way round)."""
     module = same_run.load_module(ROOT / "experiment_base" / "train.py", "experiment_base_plain_resume")
     monkeypatch.chdir(ROOT)
-    options = [*same_run.options_for("experiment_base"), "--model-name", str(tiny_model_dir),
+    options = [*same_run.options_for("experiment_base"), *fewer_problems("experiment_base"),
+               "--model-name", str(tiny_model_dir),
                "--checkpoint-path", str(tmp_path / "out"), "--log-dir", str(tmp_path / "runs"), "--run-name", "r"]
     module.main([*options, "--max-steps", "1"])
     module.main([*options, "--max-steps", "2", "--plain", "--resume", str(tmp_path / "out" / "r")])
@@ -98,7 +107,8 @@ def test_a_plain_run_trains_in_bfloat16(plain, tiny_model_dir, tmp_path, monkeyp
     Two steps of the tiny model in bfloat16, plain or not, with an update that has a gradient."""
     module = same_run.load_module(ROOT / "experiment_base" / "train.py", f"experiment_base_bf16_{plain}")
     monkeypatch.chdir(ROOT)
-    module.main([*same_run.options_for("experiment_base"), "--model-name", str(tiny_model_dir), "--dtype", "bfloat16",
+    module.main([*same_run.options_for("experiment_base"), *fewer_problems("experiment_base"),
+                 "--model-name", str(tiny_model_dir), "--dtype", "bfloat16",
                  "--gradient-checkpointing", "--checkpoint-path", str(tmp_path / "out"), "--log-dir", str(tmp_path / "runs"), "--run-name", "r",
                  *(["--plain"] if plain else [])])
     assert (tmp_path / "out" / "r" / "step_000002").is_dir()
